@@ -1,0 +1,30 @@
+# Two entry points that work on a fresh machine: `make tune` and `make test`.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+# A real tuning run on this machine's CPU at a DLRM shape, with a modest budget.
+SHAPE   ?= rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05
+TRIALS  ?= 96
+LOG     ?= logs/cpu/embedding_bag.jsonl
+
+.PHONY: tune test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+tune: $(STAMP)
+	$(BIN)/autotune tune embedding_bag --device cpu --shape $(SHAPE) --trials $(TRIALS) --log $(LOG)
+	$(BIN)/autotune bench embedding_bag --device cpu --shape $(SHAPE) --log $(LOG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,174 @@
+"""What every operator template provides, and the small shared pieces templates are built from.
+
+A template is a module of `search_spaces` that defines `NAME` and the functions of `Template` below; the
+registry (`search_spaces.get`) finds it, so adding an operator touches no other file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, Sequence
+
+__all__ = ["Template", "Traffic", "Workload", "WorkloadError", "parse_shape"]
+
+
+class WorkloadError(ValueError):
+    """A workload the operator cannot take (bad shape text, unknown key, out-of-range value)."""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Work one call does: bytes that must cross the memory bus and arithmetic ops, for % of roofline."""
+
+    bytes: float
+    ops: float = 0.0
+    unit: str = "GB/s"  # the figure of merit the bench prints: "GB/s" or "GFLOPS"/"GOPS"
+
+    def rate(self, seconds: float) -> float:
+        return (self.bytes if self.unit == "GB/s" else self.ops) / seconds / 1e9
+
+
+def parse_shape(text: str) -> dict[str, str]:
+    """`rows=1000,dim=64` -> {"rows": "1000", "dim": "64"}; raises WorkloadError on malformed text."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise WorkloadError(f"malformed shape item {part!r}: expected key=value")
+        if key.strip() in out:
+            raise WorkloadError(f"shape key {key.strip()!r} given twice")
+        out[key.strip()] = value.strip()
+    if not out:
+        raise WorkloadError("empty shape: expected key=value[,key=value...]")
+    return out
+
+
+def _convert(name: str, hint: Any, raw: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        if raw.lower() in ("none", ""):
+            return None
+        return _convert(name, next(a for a in args if a is not type(None)), raw)
+    try:
+        if hint is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if hint is int:
+            return int(raw)
+        if hint is float:
+            return float(raw)
+        if hint is str:
+            return raw
+    except ValueError:
+        raise WorkloadError(f"{name}={raw!r}: expected {getattr(hint, '__name__', hint)}") from None
+    raise TypeError(f"no shape parser for field {name} of type {hint}")
+
+
+class Workload:
+    """Base of the frozen dataclasses that describe one operator instance (shapes, dtypes, data).
+
+    Subclasses list `SHAPE_ALIASES` (short `--shape` keys -> field names) and may define
+    `parse_<field>(raw)` classmethods for fields whose text form is special (e.g. `pooling=20-80`).
+    `__post_init__` of a subclass validates and raises WorkloadError.
+    """
+
+    SHAPE_ALIASES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def from_shape(cls, text: str) -> "Workload":
+        raw = parse_shape(text)
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kwargs: dict[str, Any] = {}
+        for key, value in raw.items():
+            name = cls.SHAPE_ALIASES.get(key, key)
+            if name not in names:
+                raise WorkloadError(f"unknown shape key {key!r}; known: {', '.join(cls.shape_keys())}")
+            parser = getattr(cls, f"parse_{name}", None)
+            kwargs[name] = parser(value) if parser else _convert(key, hints[name], value)
+        try:
+            return cls(**kwargs)
+        except TypeError as err:  # a required field is missing
+            missing = [f.name for f in dataclasses.fields(cls) if f.name not in kwargs  # type: ignore[arg-type]
+                       and f.default is dataclasses.MISSING]
+            raise WorkloadError(f"shape is missing {', '.join(missing) or err}") from None
+
+    @classmethod
+    def shape_keys(cls) -> list[str]:
+        inverse = {v: k for k, v in cls.SHAPE_ALIASES.items()}
+        return [inverse.get(f.name, f.name) for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> "Workload":
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for name, value in raw.items():
+            kwargs[name] = tuple(value) if isinstance(value, list) and "tuple" in str(hints[name]) else value
+        return cls(**kwargs)
+
+    def key(self) -> str:
+        """Stable, human-readable identity used in records and kernel names."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def numeric_features(self) -> dict[str, float]:
+        """Numbers the cost model sees, so one model can rank configs across shapes."""
+        out: dict[str, float] = {}
+        for name, value in self.to_json().items():
+            if isinstance(value, bool):
+                out[name] = float(value)
+            elif isinstance(value, (int, float)):
+                out[name] = float(value)
+            elif isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+                for i, v in enumerate(value):
+                    out[f"{name}.{i}"] = float(v)
+        return out
+
+
+class Template(Protocol):
+    """The module-level interface of an operator template (a protocol over modules)."""
+
+    NAME: str
+    DOC: str
+    Workload: type[Workload]
+
+    def compute(self, w: Any) -> Any:
+        """The operator as a TVM IRModule (TE or TVMScript), before any schedule."""
+
+    def space(self, w: Any, target: Any) -> Any:
+        """The knob space for this workload on this tvm Target."""
+
+    def schedule(self, sch: Any, w: Any, cfg: Any, target: Any) -> None:
+        """Apply one config to a tvm.s_tir.Schedule; raise InvalidConfig if it cannot apply."""
+
+    def inputs(self, w: Any, seed: int) -> tuple[Any, ...]:
+        """Realistic torch input tensors, in the reference's argument order."""
+
+    def reference(self, w: Any, *tensors: Any) -> Any:
+        """The PyTorch semantics the kernel must reproduce."""
+
+    def check_inputs(self, w: Any, *tensors: Any) -> None:
+        """Raise ValueError/TypeError with a clear message when tensors do not fit the workload."""
+
+    def kernel_args(self, w: Any, *tensors: Any) -> tuple[Sequence[Any], Any]:
+        """The kernel's own argument list (outputs allocated and included) and the output to return."""
+
+    def traffic(self, w: Any, *tensors: Any) -> Traffic:
+        """Bytes and ops of one call on these inputs."""
+
+    def tolerance(self, w: Any) -> tuple[float, float]:
+        """(rtol, atol) for comparing kernel and reference outputs."""
