@@ -20,6 +20,8 @@ from .template import Traffic, Workload as _Workload, WorkloadError
 NAME = "embedding_bag"
 DOC = "torch.nn.functional.embedding_bag: ragged bags (offsets), sum/mean/max, per-sample weights, padding_idx"
 
+EXAMPLE_SHAPE = "rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05"
+
 MODES = ("sum", "mean", "max")
 INDEX_DTYPES = ("int64", "int32")
 

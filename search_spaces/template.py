@@ -144,6 +144,7 @@ class Template(Protocol):
 
     NAME: str
     DOC: str
+    EXAMPLE_SHAPE: str  # a typical `--shape`, shown by `autotune list`
     Workload: type[Workload]
 
     def compute(self, w: Any) -> Any:

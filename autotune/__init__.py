@@ -1,0 +1,43 @@
+"""DLRM operator autotuner: tune TVM schedule templates, keep every measurement, run the best kernel.
+
+    import autotune
+    autotune.tune("embedding_bag", "cpu", log="logs/cpu/embedding_bag.jsonl", trials=64,
+                  rows=1_000_000, dim=64, batch=2048, pooling=(20, 80))
+    eb = autotune.kernel("embedding_bag", "cpu", log="logs/cpu/embedding_bag.jsonl",
+                         rows=1_000_000, dim=64, batch=2048, pooling=(20, 80))
+    out = eb(weight, indices, offsets)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .kernel import Kernel, NoTunedKernel, load_kernel
+from .measure import Timing
+from .task import Task, make_task
+from .tuner import TuneResult
+from .tuner import tune as _tune
+
+__all__ = ["Kernel", "NoTunedKernel", "Task", "Timing", "TuneResult", "kernel", "make_task", "tune"]
+
+
+def tune(op: str, device: str = "cpu", *, log: str | Path, trials: int = 64, strategy: str = "xgb",
+         seed: int = 0, shape: str | None = None, progress: bool = True, **workload: Any) -> TuneResult:
+    """Tune one operator for one device; every measurement is appended to `log`.
+
+    The workload is given either as `shape="rows=...,dim=..."` (the CLI's text) or as keyword fields.
+    """
+    task = make_task(op, device, shape=shape, **workload)
+    return _tune(task, trials=trials, log=log, strategy=strategy, seed=seed, progress=progress)
+
+
+def kernel(op: str, device: str = "cpu", *, log: str | Path | list[str | Path] | None = None,
+           validate: bool = True, shape: str | None = None, **workload: Any) -> Kernel:
+    """The best logged kernel for a workload, as a callable on torch tensors (reference argument order).
+
+    Without `log`, the project's shipped logs (logs/<device>/<op>.jsonl) are searched.
+    """
+    task = make_task(op, device, shape=shape, **workload)
+    logs = None if log is None else ([log] if isinstance(log, (str, Path)) else list(log))
+    return load_kernel(task, logs, validate=validate)

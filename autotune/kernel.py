@@ -1,0 +1,60 @@
+"""The best logged config of a task, compiled in this process and callable on torch tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import records
+from .build import compile_module
+from .task import Task
+
+SHIPPED_LOGS = Path(__file__).resolve().parent.parent / "logs"
+
+
+class NoTunedKernel(LookupError):
+    pass
+
+
+def shipped_logs(op: str, device: str) -> list[Path]:
+    """Pre-tuned logs shipped with the project: logs/<device>/<op>.jsonl (device with and without arch)."""
+    kind = device.split(":")[0]
+    return [p for p in (SHIPPED_LOGS / device / f"{op}.jsonl", SHIPPED_LOGS / kind / f"{op}.jsonl") if p.exists()]
+
+
+def best_record(task: Task, logs: Iterable[str | Path]) -> records.Record:
+    logs = list(logs)
+    missing = [str(p) for p in logs if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"log not found: {', '.join(missing)}")
+    rec = records.best(records.load_many(logs), task.op, task.workload_key, task.device.name)
+    if rec is None:
+        raise NoTunedKernel(f"no correct {task.op} record for this workload on {task.device.name} in "
+                            f"{', '.join(map(str, logs)) or 'the shipped logs'}; run `autotune tune` first")
+    return rec
+
+
+class Kernel:
+    """A compiled kernel with the reference's argument order: `kernel(weight, indices, offsets)`."""
+
+    def __init__(self, task: Task, config: Any, validate: bool = True):
+        self.task = task
+        self.config = config
+        self.validate = validate
+        self._func = compile_module(task, config)["main"]
+
+    def __call__(self, *tensors: Any) -> Any:
+        template = self.task.template
+        if self.validate:
+            template.check_inputs(self.task.workload, *tensors)
+        args, out = template.kernel_args(self.task.workload, *tensors)
+        self._func(*args)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.task.op}, {self.task.device.name}, {self.config})"
+
+
+def load_kernel(task: Task, logs: Iterable[str | Path] | None = None, validate: bool = True) -> Kernel:
+    rec = best_record(task, logs if logs is not None else shipped_logs(task.op, task.device.name))
+    return Kernel(task, task.space.from_json(rec.config), validate=validate)

@@ -1,0 +1,128 @@
+"""The tuning log: one JSON object a line, append-only, locked, fsynced per batch, tolerant of damage.
+
+A log is the project's memory: it resumes interrupted runs, trains the cost model, and names the kernel
+to export. So a write must never lose earlier lines, and a damaged line must never stop a reader.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+FORMAT_VERSION = 1
+
+# Error kinds a measurement can end in; None means the candidate ran and matched the reference.
+ERROR_KINDS = ("invalid", "build", "build_timeout", "crash", "timeout", "runtime", "wrong")
+
+
+class CorruptLogWarning(UserWarning):
+    pass
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured (or failed) candidate."""
+
+    op: str
+    workload: dict[str, Any]
+    workload_key: str
+    device: str
+    target: dict[str, Any]
+    config: dict[str, Any]
+    config_key: str
+    costs: tuple[float, ...] = ()
+    error_kind: str | None = None
+    error: str | None = None
+    build_s: float = 0.0
+    timestamp: float = field(default_factory=time.time)
+    tvm_version: str = ""
+    version: int = FORMAT_VERSION
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None and bool(self.costs)
+
+    @property
+    def latency(self) -> float:
+        """Median seconds of one call; infinity for a failed candidate."""
+        return statistics.median(self.costs) if self.ok else math.inf
+
+    @property
+    def task(self) -> tuple[str, str, str]:
+        return (self.op, self.workload_key, self.device)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["costs"] = list(self.costs)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> "Record":
+        d = json.loads(line)
+        if not isinstance(d, dict) or d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"not a version-{FORMAT_VERSION} record")
+        d["costs"] = tuple(float(c) for c in d.get("costs", ()))
+        if d.get("error_kind") not in (None, *ERROR_KINDS):
+            raise ValueError(f"unknown error kind {d.get('error_kind')!r}")
+        return cls(**d)
+
+
+def append(path: str | os.PathLike[str], records: Iterable[Record]) -> None:
+    """Append a batch under an exclusive lock and fsync it, so concurrent tuners and crashes lose nothing."""
+    lines = "".join(r.to_json() + "\n" for r in records)
+    if not lines:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            # A previous writer killed mid-line leaves no newline: start on a fresh line so only that one
+            # line is lost, not ours too.
+            if f.tell() > 0:
+                with open(path, "rb") as r:
+                    r.seek(-1, os.SEEK_END)
+                    if r.read(1) != b"\n":
+                        f.write("\n")
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load(path: str | os.PathLike[str]) -> Iterator[Record]:
+    """Every readable record of a log; a damaged line is skipped with a warning. A missing log is empty."""
+    path = Path(path)
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield Record.from_json(line)
+            except (ValueError, TypeError, KeyError) as err:
+                warnings.warn(f"{path}:{n}: skipping corrupt record ({err})", CorruptLogWarning, stacklevel=2)
+
+
+def load_many(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
+    return [r for p in paths for r in load(p)]
+
+
+def for_task(records: Iterable[Record], op: str, workload_key: str, device: str) -> list[Record]:
+    return [r for r in records if r.task == (op, workload_key, device)]
+
+
+def best(records: Iterable[Record], op: str, workload_key: str, device: str) -> Record | None:
+    """The fastest correct record for one (op, workload, device), or None."""
+    ok = [r for r in for_task(records, op, workload_key, device) if r.ok]
+    return min(ok, key=lambda r: r.latency) if ok else None

@@ -1,0 +1,53 @@
+"""A tuning task: one operator, one workload, one device. What the build and measure workers receive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import search_spaces
+from search_spaces import Config, Space, Template
+
+from . import records
+from .targets import Device
+
+
+@dataclass(frozen=True)
+class Task:
+    op: str  # registry name, or a dotted module path for an out-of-tree template
+    workload: Any  # the template's frozen Workload dataclass
+    device: Device
+
+    @property
+    def template(self) -> Template:
+        return search_spaces.get(self.op)
+
+    @property
+    def space(self) -> Space:
+        return self.template.space(self.workload, self.device.target())
+
+    @property
+    def workload_key(self) -> str:
+        return self.workload.key()
+
+    def lower(self, cfg: Config) -> Any:
+        return self.template.lower(self.workload, cfg, self.device.target())
+
+    def record(self, cfg: Config, **fields: Any) -> records.Record:
+        import tvm
+
+        return records.Record(op=self.op, workload=self.workload.to_json(), workload_key=self.workload_key,
+                              device=self.device.name, target=self.device.to_json(), config=cfg.to_json(),
+                              config_key=cfg.key(), tvm_version=tvm.__version__, **fields)
+
+
+def make_task(op: str, device: str | Device, workload: Any = None, shape: str | None = None,
+              **fields: Any) -> Task:
+    """A task from an operator name, a device name and either a workload, a `--shape` text or fields."""
+    from .targets import resolve
+
+    template = search_spaces.get(op)
+    if workload is None:
+        workload = template.Workload.from_shape(shape) if shape is not None else template.Workload(**fields)
+    dev = device if isinstance(device, Device) else resolve(device)
+    return Task(op=op, workload=workload, device=dev)

@@ -1,0 +1,151 @@
+"""The tuning loop: propose -> build -> measure -> record -> update the model, until the budget is spent."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cost_model import XGBCostModel, featurize
+from search_spaces import Config, InvalidConfig
+
+from . import records
+from .build import Builder
+from .measure import LocalRunner, Measured, Timing
+from .search import STRATEGIES
+from .task import Task
+
+
+@dataclass
+class TuneResult:
+    best: records.Record | None
+    measured: int  # candidates measured in this run
+    resumed: int  # candidates already in the log for this task
+    curve: list[float] = field(default_factory=list)  # best latency after each trial of this run
+
+
+class _Training:
+    """Training data for the cost model: every record of this op and device, any workload."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.rows: list[np.ndarray] = []
+        self.latencies: list[float] = []
+        self.groups: list[str] = []
+        self._spaces: dict[str, Any] = {}
+
+    def add(self, recs: list[records.Record]) -> None:
+        for r in recs:
+            if r.op != self.task.op or r.device != self.task.device.name or r.error_kind == "invalid":
+                continue
+            try:
+                if r.workload_key not in self._spaces:
+                    w = self.task.template.Workload.from_json(r.workload)
+                    self._spaces[r.workload_key] = (w, self.task.template.space(w, self.task.device.target()))
+                w, space = self._spaces[r.workload_key]
+                row = featurize(w, space, [space.from_json(r.config)])[0]
+            except (InvalidConfig, ValueError, TypeError):
+                continue  # a record of an older space: not comparable, not fatal
+            if self.rows and len(row) != len(self.rows[0]):
+                continue
+            self.rows.append(row)
+            self.latencies.append(r.latency)
+            self.groups.append(r.workload_key)
+
+
+def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
+         batch_size: int = 16, early_stopping: int | None = None, timing: Timing = Timing(),
+         builder: Builder | None = None, runner: LocalRunner | None = None,
+         progress: bool = True) -> TuneResult:
+    """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
+
+    Configs already in the log for this task are never measured again (resume); records of other
+    workloads of the same op and device train the cost model from the start.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    if trials < 1:
+        raise ValueError("trials must be >= 1")
+    propose = STRATEGIES[strategy]
+    space = task.space
+    rng = random.Random(seed)
+
+    history = list(records.load(log))
+    mine = records.for_task(history, task.op, task.workload_key, task.device.name)
+    seen: set[Config] = set()
+    for r in mine:
+        try:
+            seen.add(space.from_json(r.config))
+        except InvalidConfig:
+            pass
+    best = records.best(mine, task.op, task.workload_key, task.device.name)
+
+    model = XGBCostModel(seed=seed) if strategy == "xgb" else None
+    training = _Training(task)
+    training.add(history)
+    if model is not None and training.rows:
+        model.update(np.stack(training.rows), training.latencies, training.groups)
+
+    def score(cfgs: list[Config]) -> np.ndarray:
+        assert model is not None
+        return model.predict(featurize(task.workload, space, cfgs))
+
+    own_builder, own_runner = builder is None, runner is None
+    builder = builder or Builder()
+    runner = runner or LocalRunner(timing)
+    bar = _progress(trials, task, progress)
+    result = TuneResult(best=best, measured=0, resumed=len(mine))
+    since_improvement = 0
+    try:
+        while result.measured < trials:
+            n = min(batch_size, trials - result.measured)
+            elites = [space.from_json(r.config) for r in sorted((r for r in mine if r.ok),
+                                                                 key=lambda r: r.latency)[:16]]
+            use_model = model is not None and model.trained
+            batch = propose(space, seen, n, rng, score if use_model else None, elites=elites)
+            if not batch:
+                break  # the whole space is measured
+            seen.update(batch)
+            measured = runner.measure(task, builder.build(task, batch))
+            new = [_to_record(task, m) for m in measured]
+            records.append(log, new)
+            mine += new
+            for r in new:
+                result.measured += 1
+                if r.ok and (result.best is None or r.latency < result.best.latency):
+                    result.best = r
+                    since_improvement = 0
+                else:
+                    since_improvement += 1
+                result.curve.append(result.best.latency if result.best else math.inf)
+            if model is not None:
+                training.add(new)
+                model.update(np.stack(training.rows), training.latencies, training.groups)
+            bar.update(len(new))
+            if result.best is not None:
+                bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms")
+            if early_stopping and since_improvement >= early_stopping:
+                break
+    finally:
+        bar.close()
+        if own_builder:
+            builder.close()
+        if own_runner:
+            runner.close()
+    return result
+
+
+def _to_record(task: Task, m: Measured) -> records.Record:
+    cfg = m.built.config
+    return task.record(cfg, costs=m.costs, error_kind=m.error_kind, error=m.error, build_s=m.built.build_s)
+
+
+def _progress(total: int, task: Task, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"{task.op} {task.device.name}", unit="trial", disable=not enabled,
+                dynamic_ncols=True)
