@@ -1,0 +1,19 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+# Test-only templates (tests/templates) must import in TVM's worker processes too.
+sys.path.insert(0, str(TESTS))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+# Keep timings of the suite's tiny kernels from fighting each other for the two cores.
+os.environ.setdefault("TVM_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def host():
+    from autotune.targets import resolve
+
+    return resolve("cpu")

@@ -1,0 +1,55 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune import records
+from autotune.cli import main
+
+SHAPE = "rows=200,dim=8,batch=16,pooling=1-6"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "nope", "--shape", "a=1", "--log", "x.jsonl"], "unknown operator"),
+    (["tune", "embedding_bag", "--shape", "rows=10", "--log", "x.jsonl"], "missing"),
+    (["tune", "embedding_bag", "--shape", "rows=1,dim=2,batch=3,pooling=4,mode=x", "--log", "x.jsonl"], "mode"),
+    (["tune", "embedding_bag", "--device", "tpu", "--shape", SHAPE, "--log", "x.jsonl"], "unknown device"),
+    (["best", "--log", "missing.jsonl"], "log not found"),
+    (["bench", "embedding_bag", "--shape", SHAPE, "--log", "missing.jsonl"], "log not found"),
+])
+def test_user_errors_print_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bench_without_a_matching_record_exits_2(tmp_path, capsys):
+    log = tmp_path / "empty.jsonl"
+    log.write_text("")
+    assert main(["bench", "embedding_bag", "--shape", SHAPE, "--log", str(log)]) == 2
+    assert "no correct embedding_bag record" in capsys.readouterr().err
+
+
+def test_list_shows_operators_fields_and_knobs(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "embedding_bag" in out and "pooling" in out and "prefetch" in out and "Software-prefetch" in out
+
+
+def test_tune_best_bench_through_the_console_script(tmp_path):
+    log = tmp_path / "eb.jsonl"
+    exe = [sys.executable, "-m", "autotune.cli"]
+    tune = subprocess.run(exe + ["tune", "embedding_bag", "--shape", SHAPE, "--trials", "4", "--batch-size", "4",
+                                 "--log", str(log), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert tune.returncode == 0, tune.stderr
+    assert "best:" in tune.stdout and len(list(records.load(log))) == 4
+    best = subprocess.run(exe + ["best", "--log", str(log)], capture_output=True, text=True, timeout=120)
+    assert best.returncode == 0 and "best" in best.stdout
+    bench = subprocess.run(exe + ["bench", "embedding_bag", "--shape", SHAPE, "--log", str(log), "--json"],
+                           capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    result = json.loads(bench.stdout)
+    assert {"tuned_s", "torch_s", "default_s", "speedup_vs_torch", "gbps"} <= set(result)
+    assert result["tuned_s"] > 0 and result["speedup_vs_torch"] == pytest.approx(result["torch_s"] / result["tuned_s"])

@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+import autotune
+from autotune.kernel import NoTunedKernel, shipped_logs
+from autotune.task import make_task
+
+SHAPE = "rows=40,dim=8,batch=5,pooling=1-4"
+
+
+@pytest.fixture()
+def log(tmp_path):
+    from autotune import records
+
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    path = tmp_path / "eb.jsonl"
+    cfgs = list(task.space)[:3]
+    records.append(path, [task.record(cfgs[0], costs=(3e-6,)), task.record(cfgs[1], costs=(1e-6,)),
+                          task.record(cfgs[2], error_kind="crash", error="x")])
+    return path, cfgs[1]
+
+
+def test_kernel_runs_the_best_correct_record_with_reference_argument_order(log):
+    path, best = log
+    k = autotune.kernel("embedding_bag", "cpu", log=path, shape=SHAPE)
+    assert k.config == best
+    w = k.task.workload
+    weight, idx, off = k.task.template.inputs(w, 0)
+    torch.testing.assert_close(k(weight, idx, off), torch.nn.functional.embedding_bag(idx, weight, off, mode="sum"))
+
+
+def test_kernel_accepts_workload_fields_as_keywords(log):
+    path, best = log
+    k = autotune.kernel("embedding_bag", "cpu", log=[path], rows=40, dim=8, batch=5, pooling=(1, 4))
+    assert k.config == best
+
+
+def test_validation_catches_out_of_range_indices_unless_disabled(log):
+    path, _ = log
+    k = autotune.kernel("embedding_bag", "cpu", log=path, shape=SHAPE)
+    weight = torch.randn(40, 8)
+    with pytest.raises(IndexError, match="indices must be in"):
+        k(weight, torch.tensor([0, 40]), torch.tensor([0, 1]))
+    assert not autotune.kernel("embedding_bag", "cpu", log=path, shape=SHAPE, validate=False).validate
+
+
+def test_no_record_or_no_log_is_a_clear_error(log, tmp_path):
+    path, _ = log
+    with pytest.raises(NoTunedKernel, match="autotune tune"):
+        autotune.kernel("embedding_bag", "cpu", log=path, rows=41, dim=8, batch=5, pooling=(1, 4))
+    with pytest.raises(FileNotFoundError):
+        autotune.kernel("embedding_bag", "cpu", log=tmp_path / "none.jsonl", shape=SHAPE)
+
+
+def test_shipped_logs_are_found_by_device_kind():
+    assert all(p.name == "embedding_bag.jsonl" for p in shipped_logs("embedding_bag", "cpu:whatever"))

@@ -1,0 +1,28 @@
+import torch
+
+from autotune.build import Builder
+from autotune.measure import LocalRunner, Timing, mismatch
+from autotune.task import make_task
+
+
+def test_measures_correct_candidates_and_flags_wrong_ones():
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    cfgs = [c for c in task.space if c.as_dict()["fault"] in ("none", "wrong")]
+    with Builder(workers=2) as builder:
+        runner = LocalRunner(Timing(number=2, repeat=3, min_repeat_ms=1), timeout=30)
+        try:
+            out = runner.measure(task, builder.build(task, cfgs))
+        finally:
+            runner.close()
+    for m in out:
+        if m.built.config.as_dict()["fault"] == "none":
+            assert m.error_kind is None and len(m.costs) == 3 and all(c > 0 for c in m.costs)
+        else:
+            assert m.error_kind == "wrong" and "max abs error" in m.error and not m.costs
+
+
+def test_mismatch_reports_shape_and_value_differences():
+    task = make_task("templates.faulty", "cpu", shape="n=4")
+    assert mismatch(task, torch.ones(4), torch.ones(4)) is None
+    assert "shape" in mismatch(task, torch.ones(3), torch.ones(4))
+    assert "max abs error 1" in mismatch(task, torch.ones(4), torch.zeros(4))

@@ -1,0 +1,16 @@
+import pytest
+
+from autotune.targets import UnknownDevice, host_cpu, resolve
+
+
+def test_cpu_names_the_detected_host_cpu_never_native():
+    dev = resolve("cpu")
+    assert dev.name == f"cpu:{host_cpu()}" and dev.to_json() == {"kind": "llvm", "mcpu": host_cpu()}
+    assert host_cpu() not in ("native", "generic")
+    assert str(dev.target().attrs["mcpu"]) == host_cpu()
+
+
+def test_named_cpu_and_unknown_devices():
+    assert resolve("cpu:znver3").to_json()["mcpu"] == "znver3"
+    with pytest.raises(UnknownDevice, match="unknown device"):
+        resolve("tpu")
