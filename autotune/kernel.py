@@ -42,12 +42,21 @@ class Kernel:
         self.config = config
         self.validate = validate
         self._func = compile_module(task, config)["main"]
+        self._packed: tuple[Any, ...] = ()
+        self._packed_for: tuple[Any, ...] | None = None
+
+    def _pack(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Packed weights, redone only when a weight tensor changes (new storage or in-place update)."""
+        weights = [tensors[i] for i in self.task.template.WEIGHTS]
+        key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in weights)
+        if key != self._packed_for:
+            self._packed, self._packed_for = self.task.pack(self.config, tensors), key
+        return self._packed
 
     def __call__(self, *tensors: Any) -> Any:
-        template = self.task.template
         if self.validate:
-            template.check_inputs(self.task.workload, *tensors)
-        args, out = template.kernel_args(self.task.workload, *tensors)
+            self.task.template.check_inputs(self.task.workload, *tensors)
+        args, out = self.task.kernel_args(self.config, self._pack(tensors), tensors)
         self._func(*args)
         return out
 

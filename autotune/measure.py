@@ -62,14 +62,14 @@ def mismatch(task: Task, out: Any, ref: Any) -> str | None:
     return f"max abs error {float(diff.max()):.3g} at flat index {where} (rtol {rtol}, atol {atol})"
 
 
-def _measure_one(task: Task, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
+def _measure_one(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
     """Runs in the measure worker: check against the reference, then time."""
     import tvm
 
     inputs, ref = task_data(task, timing.seed)
     try:
         mod = tvm.runtime.load_module(lib)
-        args, out = task.template.kernel_args(task.workload, *inputs)
+        args, out = task.kernel_args(cfg, task.pack(cfg, inputs), inputs)  # packing is not timed
         mod["main"](*args)
     except Exception as err:
         return (), "runtime", f"{type(err).__name__}: {_last_lines(str(err))}"
@@ -129,7 +129,7 @@ class LocalRunner:
                 self._call(_prepare, (task, self.timing.seed), self.prepare_timeout)
                 self._prepared = task.workload_key
             try:
-                costs, kind, msg = self._call(_measure_one, (task, b.lib, self.timing), self.timeout)
+                costs, kind, msg = self._call(_measure_one, (task, b.config, b.lib, self.timing), self.timeout)
                 out.append(Measured(b, costs, kind, msg))
             except TimeoutError:
                 out.append(Measured(b, (), "timeout", f"no result within {self.timeout:.0f} s (hang?)"))

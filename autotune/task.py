@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import search_spaces
 from search_spaces import Config, Space, Template
@@ -32,6 +32,16 @@ class Task:
 
     def lower(self, cfg: Config) -> Any:
         return self.template.lower(self.workload, cfg, self.device.target())
+
+    def pack(self, cfg: Config, tensors: Sequence[Any]) -> tuple[Any, ...]:
+        """The config's packed form of the model weights among reference-order `tensors` (once per weight)."""
+        positions = self.template.WEIGHTS
+        if not positions:
+            return ()
+        return tuple(self.template.pack(self.workload, cfg, *(tensors[i] for i in positions)))
+
+    def kernel_args(self, cfg: Config, packed: Sequence[Any], tensors: Sequence[Any]) -> tuple[Sequence[Any], Any]:
+        return self.template.kernel_args(self.workload, cfg, packed, *tensors)
 
     def record(self, cfg: Config, **fields: Any) -> records.Record:
         import tvm

@@ -12,7 +12,7 @@ from .template import Template, Traffic, Workload, WorkloadError
 __all__ = ["Choice", "Config", "Constraint", "InvalidConfig", "Space", "Split", "Template", "Traffic",
            "Workload", "WorkloadError", "get", "names", "UnknownOperator"]
 
-_NOT_TEMPLATES = {"space", "template"}
+_NOT_TEMPLATES = {"space", "template", "intrinsics"}
 
 
 class UnknownOperator(LookupError):

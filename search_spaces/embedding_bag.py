@@ -22,6 +22,8 @@ DOC = "torch.nn.functional.embedding_bag: ragged bags (offsets), sum/mean/max, p
 
 EXAMPLE_SHAPE = "rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05"
 
+WEIGHTS: tuple[int, ...] = ()  # nothing to pack: rows are gathered from the table as it is
+
 MODES = ("sum", "mean", "max")
 INDEX_DTYPES = ("int64", "int32")
 
@@ -399,8 +401,9 @@ def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sampl
         need(int(offsets[-1]) <= n, f"offsets[-1] = {int(offsets[-1])} exceeds the {n} indices")
 
 
-def kernel_args(w: Workload, weight: Any, indices: Any, offsets: Any,
+def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], weight: Any, indices: Any, offsets: Any,
                 per_sample_weights: Any = None) -> tuple[Sequence[Any], Any]:
+    """The table is read in place (no packed weights): arguments are the inputs plus a new output."""
     import torch
 
     bags = offsets.numel() - (1 if w.include_last_offset else 0)

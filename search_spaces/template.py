@@ -145,6 +145,7 @@ class Template(Protocol):
     NAME: str
     DOC: str
     EXAMPLE_SHAPE: str  # a typical `--shape`, shown by `autotune list`
+    WEIGHTS: tuple[int, ...]  # positions of model weights among the reference's arguments (packed once)
     Workload: type[Workload]
 
     def compute(self, w: Any) -> Any:
@@ -165,8 +166,12 @@ class Template(Protocol):
     def check_inputs(self, w: Any, *tensors: Any) -> None:
         """Raise ValueError/TypeError with a clear message when tensors do not fit the workload."""
 
-    def kernel_args(self, w: Any, *tensors: Any) -> tuple[Sequence[Any], Any]:
-        """The kernel's own argument list (outputs allocated and included) and the output to return."""
+    def pack(self, w: Any, cfg: Any, *weights: Any) -> tuple[Any, ...]:
+        """The weights (arguments at WEIGHTS) in the layout the config's kernel reads; called once per weight."""
+
+    def kernel_args(self, w: Any, cfg: Any, packed: Sequence[Any], *tensors: Any) -> tuple[Sequence[Any], Any]:
+        """The kernel's argument list for reference-order tensors and packed weights (outputs allocated and
+        included), and the output to return."""
 
     def traffic(self, w: Any, *tensors: Any) -> Traffic:
         """Bytes and ops of one call on these inputs."""

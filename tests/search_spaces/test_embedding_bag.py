@@ -26,7 +26,7 @@ CASES = {
 
 def run(task, cfg, *tensors):
     func = compile_module(task, cfg)["main"]
-    args, out = eb.kernel_args(task.workload, *tensors)
+    args, out = task.kernel_args(cfg, (), tensors)
     func(*args)
     return out
 

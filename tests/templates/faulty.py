@@ -78,7 +78,10 @@ def check_inputs(w: Workload, x: Any) -> None:
     pass
 
 
-def kernel_args(w: Workload, x: Any) -> tuple[list[Any], Any]:
+WEIGHTS: tuple[int, ...] = ()
+
+
+def kernel_args(w: Workload, cfg: Any, packed: Any, x: Any) -> tuple[list[Any], Any]:
     import torch
 
     out = torch.empty_like(x)
