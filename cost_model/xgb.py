@@ -7,7 +7,6 @@ shapes differ by orders of magnitude. Each workload is one ranking group; failed
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Sequence
 
@@ -45,11 +44,9 @@ class XGBCostModel:
         features, lat, grp = features[order], lat[order], grp[order]
         labels = np.zeros(len(lat), dtype=np.float32)
         for g in np.unique(grp):
-            m = grp == g
-            finite = lat[m][np.isfinite(lat[m])]
-            if finite.size:
-                # relevance = best / latency in (0, 1]; failures get 0 (they must rank below any success)
-                labels[m] = np.where(np.isfinite(lat[m]), finite.min() / np.where(np.isfinite(lat[m]), lat[m], 1), 0)
+            ok = (grp == g) & np.isfinite(lat)
+            if ok.any():  # relevance = best / latency in (0, 1]; failures keep 0, below any success
+                labels[ok] = lat[ok].min() / lat[ok]
         _, qid = np.unique(grp, return_inverse=True)
         dtrain = xgb.DMatrix(features, label=labels, qid=qid)
         self.booster = xgb.train(self._params(), dtrain, num_boost_round=self.rounds)

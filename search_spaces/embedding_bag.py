@@ -187,12 +187,12 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1) -> Any:
                 with T.sblock("prefetch"):
                     T.reads()
                     T.writes()
-                    if T.Cast("int64", Off[vb]) + l + prefetch < NNZ:
-                        for c in T.unroll(prefetch_lines):
-                            T.evaluate(T.call_llvm_intrin(
-                                "void", "llvm.prefetch.p0", T.address_of(W[T.Cast(
-                                    "int64", I[T.Cast("int64", Off[vb]) + l + prefetch]), c * line_floats]),
-                                0, 3, 1))
+                    # clamped, not guarded: no branch in the loop; the tail re-prefetches the last row
+                    for c in T.unroll(prefetch_lines):
+                        T.evaluate(T.call_llvm_intrin(
+                            "void", "llvm.prefetch.p0", T.address_of(W[T.Cast("int64", I[T.min(
+                                T.Cast("int64", Off[vb]) + l + prefetch, NNZ - 1)]), c * line_floats]),
+                            0, 3, 1))
             for d in range(D):
                 with T.sblock("acc"):
                     vl = T.axis.reduce(end_of(Off, vb, NB, NNZ) - T.Cast("int64", Off[vb]), l)

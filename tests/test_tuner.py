@@ -86,3 +86,16 @@ def test_early_stopping_and_bad_arguments(tmp_path, workers):
         tune(task, trials=4, log=good_only, strategy="nope")
     with pytest.raises(ValueError, match="trials"):
         tune(task, trials=0, log=good_only)
+
+
+@pytest.mark.parametrize("op, shape", [("qmatmul", "m=24,k=40,n=24,relu=1"),
+                                       ("qmatmul", "m=8,k=16,n=8,mode=weight_only")])
+def test_short_run_of_other_templates(op, shape, tmp_path, workers):
+    log = tmp_path / f"{op}.jsonl"
+    task = make_task(op, "cpu", shape=shape)
+    res = tune(task, trials=6, log=log, batch_size=6, builder=workers[0], runner=workers[1], progress=False)
+    assert res.measured == 6 and res.best is not None
+    kern = autotune.kernel(op, "cpu", log=log, shape=shape)
+    tensors = task.template.inputs(task.workload, seed=3)
+    rtol, atol = task.template.tolerance(task.workload)
+    torch.testing.assert_close(kern(*tensors), task.template.reference(task.workload, *tensors), rtol=rtol, atol=atol)

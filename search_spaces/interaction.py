@@ -1,0 +1,490 @@
+"""DLRM dot interaction: pairwise dot products of one sample's features, fused with the dense concatenation.
+
+Semantics are facebookresearch/dlrm's `interact_features`: the F = T + 1 features of a sample are the dense
+vector `x` (first) and the T sparse embeddings `ly` (in order); `Z = T·Tᵀ` per sample, and the output row is
+`cat([x, Z[li, lj]])` where (li, lj) walks the strict lower triangle in row-major order
+(`torch.tril_indices(F, F, offset=-1)`), or the triangle with its diagonal when `self_interaction` is on.
+`mode=cat` is DLRM's other interaction, `cat([x] + ly, dim=1)`, a plain copy kernel.
+
+The kernel is fused: one pass per sample stages its F x D features in a small buffer that stays in L1 (zero
+padded to the vector width), writes `x` to the front of the output row, computes only the F(F-1)/2 (or
+F(F+1)/2) dot products that are kept, and writes each output element once: no (B, F, F) intermediate, no
+separate concatenation. Dot products are vectorised over D with one accumulator vector per pair (the rfactor
+form of the reduction); a block of pairs is computed together for independent FMA chains, and the block's
+accumulators are reduced across lanes either pair by pair or all together by a shuffle network that ends in
+one contiguous vector of sums (the output of consecutive pairs is contiguous). The pair -> (row, column)
+offsets come from a small table built at the start of each call. The batch is symbolic: one compiled kernel
+serves any batch; features, dimension and the triangle are compiled in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .space import Choice, Config, Constraint, InvalidConfig, Space
+from .template import Traffic, Workload as _Workload, WorkloadError
+
+NAME = "interaction"
+DOC = ("DLRM interact_features: x and T embeddings -> cat([x, tril(Z = T T^T)]), fused (dot), "
+       "or cat([x] + ly) (cat)")
+
+EXAMPLE_SHAPE = "batch=2048,tables=26,dim=64"
+
+MODES = ("dot", "cat")
+DTYPES = ("float32",)
+
+
+@dataclass(frozen=True)
+class Workload(_Workload):
+    """One interaction call: batch, number of embedding tables T (features F = T + 1), dimension D.
+
+    `self_interaction` keeps the diagonal of Z (DLRM's `arch_interaction_itself`); `mode` is "dot" (pairwise
+    dot products) or "cat" (plain concatenation). Only float32 is implemented.
+    """
+
+    batch: int
+    tables: int
+    dim: int
+    self_interaction: bool = False
+    mode: str = "dot"
+    dtype: str = "float32"
+
+    SHAPE_ALIASES = {"self": "self_interaction"}
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "tables", "dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise WorkloadError(f"{name} must be an integer, got {value!r}")
+        if self.batch < 1:
+            raise WorkloadError(f"batch must be >= 1, got {self.batch}")
+        if self.tables < 1:
+            raise WorkloadError(f"tables must be >= 1 (features F = tables + 1 must be >= 2), got {self.tables}")
+        if self.dim < 1:
+            raise WorkloadError(f"dim must be >= 1, got {self.dim}")
+        if self.mode not in MODES:
+            raise WorkloadError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.dtype not in DTYPES:
+            raise WorkloadError(f"dtype must be one of {DTYPES} (others are not implemented), got {self.dtype!r}")
+        if self.self_interaction and self.mode != "dot":
+            raise WorkloadError("self_interaction only applies to mode=dot")
+
+    @property
+    def features(self) -> int:
+        """F: the dense vector plus one embedding per table."""
+        return self.tables + 1
+
+    @property
+    def pairs(self) -> int:
+        """P: dot products kept, the strict lower triangle of Z (with its diagonal under self_interaction)."""
+        f = self.features
+        return f * (f + 1) // 2 if self.self_interaction else f * (f - 1) // 2
+
+    @property
+    def out_dim(self) -> int:
+        return self.dim + self.pairs if self.mode == "dot" else self.dim * self.features
+
+
+# ---- knobs --------------------------------------------------------------------------------------------
+THREADING = Choice("threading", ("parallel", "serial"), doc=(
+    "Samples are independent, so they spread over cores; on a small or busy machine the parallel region's "
+    "launch and imbalance can cost more than the second core brings."))
+SAMPLES_PER_TASK = Choice("samples_per_task", (8, 1, 2, 4, 16, 32, 64), doc=(
+    "Samples one parallel task handles in a row (batch tiling): each sample's features are staged once and "
+    "stay in L1 for all its pairs; larger tasks amortise the loop and keep a thread's output rows contiguous."))
+LANES = Choice("lanes", (8, 16, 4, 1), doc=(
+    "SIMD lanes over the dimension D (8 fp32 = one AVX2 register, 16 = one AVX-512 register). Each pair keeps "
+    "one accumulator vector; D is zero-padded to a multiple of the lanes in the staged copy, so any D works, "
+    "at the price of the padding's wasted lanes."))
+PAIRS_PER_BLOCK = Choice("pairs_per_block", (8, 4, 16, 2, 32), doc=(
+    "Pairs computed together (register blocking over pairs): independent accumulator chains hide FMA latency "
+    "and the cross-lane reduction of a block is shared; too many accumulators spill registers."))
+HSUM = Choice("hsum", ("transpose", "tree"), doc=(
+    "Cross-lane reduction of a block's accumulators: 'transpose' folds all pairs' vectors together with "
+    "two-source shuffles (about 3 instructions per pair, ends in one contiguous store of the block's sums); "
+    "'tree' halves each pair's vector on its own (about 2 log2(lanes) instructions per pair)."))
+LOOP_ORDER = Choice("loop_order", ("pairs_inner", "pairs_outer"), doc=(
+    "pairs_inner walks D chunks outside and the block's pairs inside (all accumulators live at once, "
+    "interleaved FMA chains); pairs_outer finishes one pair's dot product before the next (one live "
+    "accumulator, a dependent FMA chain per pair)."))
+DIM_UNROLL = Choice("dim_unroll", (4, 1, 2, 8, 16), doc=(
+    "Unroll factor of the loop over D chunks (D padded / lanes): more independent loads in flight and less "
+    "loop overhead, against code size. Must divide the number of chunks."))
+COPY_LANES = Choice("copy_lanes", (8, 16, 4, 1), doc=(
+    "mode=cat: SIMD lanes of the copy of each feature row into the output; must divide D."))
+
+_STACK_FLOATS = 256  # TVM places a buffer on the stack (where LLVM can keep it in registers) below 1 KiB
+
+
+def _padded_dim(w: Workload, lanes: int) -> int:
+    return -(-w.dim // lanes) * lanes
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def space(w: Workload, target: Any) -> Space:
+    """The CPU schedule space of this workload (GPU spaces arrive with the CUDA schedules)."""
+    if target.kind.name != "llvm":
+        raise InvalidConfig(f"interaction has no schedule for target kind {target.kind.name!r} yet")
+    common = [
+        Constraint("samples_per_task only matters for parallel threading",
+                   lambda c: c[THREADING] == "parallel" or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
+    ]
+    if w.mode == "cat":
+        return Space([THREADING, SAMPLES_PER_TASK, COPY_LANES.only(v for v in COPY_LANES.options if w.dim % v == 0)],
+                     common)
+    # lanes beyond the next power of two of D only add padding
+    lanes = [v for v in LANES.options if v <= max(4, _next_pow2(w.dim))]
+    return Space(
+        [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, LOOP_ORDER, DIM_UNROLL],
+        common + [
+            Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB): "
+                       "larger blocks are heap workspaces and their accumulators leave the registers",
+                       lambda c: c[PAIRS_PER_BLOCK] * c[LANES] < _STACK_FLOATS),
+            Constraint("dim_unroll must divide the number of D chunks (D padded to the lanes, / lanes)",
+                       lambda c: (_padded_dim(w, c[LANES]) // c[LANES]) % c[DIM_UNROLL] == 0),
+        ],
+    )
+
+
+# ---- the computation ------------------------------------------------------------------------------------
+def _reduction_levels(pairs: int, lanes: int, transpose: bool) -> list[tuple[str, int, int, int, list, list]]:
+    """Shuffle levels that reduce `pairs` accumulator vectors of `lanes` lanes to the `pairs` sums, in order.
+
+    Each level is (kind, vectors out, width in, width out, low indices, high indices); its output is
+    shuffle(low) + shuffle(high). Vector m holds `seg`-lane segments, one per pair, pairs in order. "combine"
+    takes two vectors and halves every segment (vectors halve), "fold" halves the segments of one vector
+    (width halves). The last level leaves `pairs` floats in pair order, as ceil(pairs / lanes) vectors.
+    """
+    levels = []
+    n, width, seg = pairs, lanes, lanes
+    while seg > 1:
+        segs = width // seg
+        lo = [g * seg + t for g in range(segs) for t in range(seg // 2)]
+        hi = [g * seg + seg // 2 + t for g in range(segs) for t in range(seg // 2)]
+        if transpose and n > 1:
+            levels.append(("combine", n // 2, width, width, lo + [width + i for i in lo], hi + [width + i for i in hi]))
+            n //= 2
+        else:
+            levels.append(("fold", n, width, width // 2, lo, hi))
+            width //= 2
+        seg //= 2
+    return levels
+
+
+def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose") -> Any:
+    """The fused interaction as TVMScript, for one vector width, pair block and reduction (compiled in)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    if w.mode == "cat":
+        return _compute_cat(w)
+    if pairs_per_block & (pairs_per_block - 1) or lanes & (lanes - 1):
+        raise InvalidConfig(f"lanes {lanes} and pairs_per_block {pairs_per_block} must be powers of two")
+    D, NT, F, P = w.dim, w.tables, w.features, w.pairs
+    O = D + P
+    VL, PB = lanes, pairs_per_block
+    Dp = _padded_dim(w, VL)
+    NBLK = -(-P // PB)
+    PP = NBLK * PB
+    diag = 1 if w.self_interaction else 0
+    levels = _reduction_levels(PB, VL, hsum == "transpose")
+    L = len(levels)
+    if L > 4:
+        raise InvalidConfig(f"lanes {lanes} needs more than 4 reduction levels")
+    lv = levels + [("fold", 1, 2, 1, [0], [1])] * (4 - L)  # unused levels: never emitted (L guards them)
+    sizes = [n * wo for _, n, _, wo, _, _ in lv]
+
+    @T.macro
+    def level(src, dst, kind, n_out, w_in, w_out, lo, hi):
+        for m in T.unroll(n_out):
+            if kind == "combine":
+                dst[T.ramp(m * w_out, 1, w_out)] = (
+                    T.Shuffle([src[T.ramp(2 * m * w_in, 1, w_in)], src[T.ramp((2 * m + 1) * w_in, 1, w_in)]], lo)
+                    + T.Shuffle([src[T.ramp(2 * m * w_in, 1, w_in)], src[T.ramp((2 * m + 1) * w_in, 1, w_in)]], hi))
+            elif w_out == 1:  # the last fold of "tree": one float per pair
+                dst[m] = src[m * w_in] + src[m * w_in + 1]
+            else:
+                dst[T.ramp(m * w_out, 1, w_out)] = (T.Shuffle([src[T.ramp(m * w_in, 1, w_in)]], lo)
+                                                    + T.Shuffle([src[T.ramp(m * w_in, 1, w_in)]], hi))
+
+    @T.macro
+    def store(sums, out, vb, vblk):
+        # the block's sums are contiguous in the output row; only the last block can be partial
+        if vblk * PB + PB <= P:
+            out[vb, T.ramp(D + vblk * PB, 1, PB)] = sums[T.ramp(0, 1, PB)]
+        else:
+            for q in range(PB):
+                if vblk * PB + q < P:
+                    out[vb, D + vblk * PB + q] = sums[q]
+
+    @T.prim_func(s_tir=True)
+    def main(x_: T.handle, ly_: T.handle, out_: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        B = T.int64()
+        x = T.match_buffer(x_, (B, D), "float32")
+        ly = T.match_buffer(ly_, (B, NT, D), "float32")
+        out = T.match_buffer(out_, (B, O), "float32")
+        # pair p -> offsets of its two feature rows in the staged buffer; padded with the last pair
+        tab = T.sblock_alloc_buffer((PP * 2,), "int32")
+        with T.sblock("pairs"):
+            T.reads()
+            T.writes(tab[0:PP * 2])
+            for i in range(F):
+                for j in range(i + diag):
+                    tab[((i * (i + 2 * diag - 1)) // 2 + j) * 2] = i * Dp
+                    tab[((i * (i + 2 * diag - 1)) // 2 + j) * 2 + 1] = j * Dp
+            for p in range(PP - P):
+                tab[(P + p) * 2] = tab[(P - 1) * 2]
+                tab[(P + p) * 2 + 1] = tab[(P - 1) * 2 + 1]
+        for b in range(B):
+            with T.sblock("sample"):
+                vb = T.axis.spatial(B, b)
+                T.reads(x[vb, 0:D], ly[vb, 0:NT, 0:D], tab[0:PP * 2])
+                T.writes(out[vb, 0:O])
+                feat = T.sblock_alloc_buffer((F * Dp,), "float32")
+                for d in T.vectorized(D):  # the dense part of the output row (plain code: one writer block)
+                    out[vb, d] = x[vb, d]
+                for d in range(D):
+                    with T.sblock("stage_x"):
+                        vd = T.axis.spatial(D, d)
+                        feat[vd] = x[vb, vd]
+                for t, d in T.grid(NT, D):
+                    with T.sblock("stage_ly"):
+                        vt, vd = T.axis.remap("SS", [t, d])
+                        feat[(vt + 1) * Dp + vd] = ly[vb, vt, vd]
+                for f, d in T.grid(F, Dp - D):
+                    with T.sblock("stage_pad"):
+                        vf, vd = T.axis.remap("SS", [f, d])
+                        feat[vf * Dp + D + vd] = T.float32(0)
+                for blk in range(NBLK):
+                    with T.sblock("pair_block"):
+                        vblk = T.axis.spatial(NBLK, blk)
+                        T.reads(feat[0:F * Dp], tab[vblk * PB * 2:vblk * PB * 2 + PB * 2])
+                        T.writes(out[vb, D + vblk * PB:D + vblk * PB + PB])
+                        acc = T.sblock_alloc_buffer((PB * VL,), "float32")
+                        r0 = T.sblock_alloc_buffer((sizes[0],), "float32")
+                        r1 = T.sblock_alloc_buffer((sizes[1],), "float32")
+                        r2 = T.sblock_alloc_buffer((sizes[2],), "float32")
+                        r3 = T.sblock_alloc_buffer((sizes[3],), "float32")
+                        for c, q, l in T.grid(Dp // VL, PB, VL):
+                            with T.sblock("dot"):
+                                vc, vq, vl = T.axis.remap("RSS", [c, q, l])
+                                with T.init():
+                                    acc[vq * VL + vl] = T.float32(0)
+                                acc[vq * VL + vl] = acc[vq * VL + vl] + (
+                                    feat[tab[(vblk * PB + vq) * 2] + vc * VL + vl]
+                                    * feat[tab[(vblk * PB + vq) * 2 + 1] + vc * VL + vl])
+                        if L >= 1:
+                            level(acc, r0, lv[0][0], lv[0][1], lv[0][2], lv[0][3], lv[0][4], lv[0][5])
+                        if L >= 2:
+                            level(r0, r1, lv[1][0], lv[1][1], lv[1][2], lv[1][3], lv[1][4], lv[1][5])
+                        if L >= 3:
+                            level(r1, r2, lv[2][0], lv[2][1], lv[2][2], lv[2][3], lv[2][4], lv[2][5])
+                        if L >= 4:
+                            level(r2, r3, lv[3][0], lv[3][1], lv[3][2], lv[3][3], lv[3][4], lv[3][5])
+                        if L == 0:
+                            store(acc, out, vb, vblk)
+                        if L == 1:
+                            store(r0, out, vb, vblk)
+                        if L == 2:
+                            store(r1, out, vb, vblk)
+                        if L == 3:
+                            store(r2, out, vb, vblk)
+                        if L == 4:
+                            store(r3, out, vb, vblk)
+
+    return tvm.IRModule({"main": main})
+
+
+def _stage_lanes(d: int) -> int:
+    """Widest power-of-two vector (at most 16 lanes) that divides d: the staging copy's vector width."""
+    v = 16
+    while d % v:
+        v //= 2
+    return v
+
+
+def _compute_cat(w: Workload) -> Any:
+    """cat([x] + ly, dim=1): out[b, f*D + d] is x[b, d] for f = 0, else ly[b, f-1, d]."""
+    import tvm
+    from tvm.script import tirx as T
+
+    D, NT, F = w.dim, w.tables, w.features
+
+    @T.prim_func(s_tir=True)
+    def main(x_: T.handle, ly_: T.handle, out_: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        B = T.int64()
+        x = T.match_buffer(x_, (B, D), "float32")
+        ly = T.match_buffer(ly_, (B, NT, D), "float32")
+        out = T.match_buffer(out_, (B, F * D), "float32")
+        for b, f, d in T.grid(B, F, D):
+            with T.sblock("cat"):
+                vb, vf, vd = T.axis.remap("SSS", [b, f, d])
+                out[vb, vf * D + vd] = T.if_then_else(vf == 0, x[vb, vd], ly[vb, T.max(vf - 1, 0), vd])
+
+    return tvm.IRModule({"main": main})
+
+
+def _batch_loop(sch: Any, loop: Any, cfg: Config) -> None:
+    if cfg[THREADING] == "parallel":
+        outer, _ = sch.split(loop, [None, cfg[SAMPLES_PER_TASK]])
+        sch.parallel(outer)
+
+
+def schedule(sch: Any, w: Workload, cfg: Config, target: Any) -> None:
+    """Apply a CPU config to the schedule of `compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM])`."""
+    if w.mode == "cat":
+        vec = cfg[COPY_LANES]
+        if w.dim % vec:
+            raise InvalidConfig(f"copy_lanes {vec} does not divide dim {w.dim}")
+        b, _, d = sch.get_loops(sch.get_sblock("cat"))
+        _batch_loop(sch, b, cfg)
+        if vec > 1:
+            _, dv = sch.split(d, [None, vec])
+            sch.vectorize(dv)
+        return
+
+    vec, unroll = cfg[LANES], cfg[DIM_UNROLL]
+    chunks = _padded_dim(w, vec) // vec
+    if chunks % unroll:
+        raise InvalidConfig(f"dim_unroll {unroll} does not divide the {chunks} chunks of {vec} lanes")
+    if cfg[PAIRS_PER_BLOCK] * vec >= _STACK_FLOATS:
+        raise InvalidConfig(f"pairs_per_block {cfg[PAIRS_PER_BLOCK]} x lanes {vec} accumulators exceed the stack")
+    (b,) = sch.get_loops(sch.get_sblock("sample"))
+    _batch_loop(sch, b, cfg)
+
+    xv = _stage_lanes(w.dim)
+    for name in ("stage_x", "stage_ly"):
+        d = sch.get_loops(sch.get_sblock(name))[-1]
+        if xv > 1:
+            _, dv = sch.split(d, [None, xv])
+            sch.vectorize(dv)
+    if _padded_dim(w, vec) > w.dim:
+        sch.vectorize(sch.get_loops(sch.get_sblock("stage_pad"))[-1])
+
+    dot = sch.get_sblock("dot")
+    c, q, lane = sch.get_loops(dot)[-3:]
+    co, ci = sch.split(c, [None, unroll])
+    if cfg[LOOP_ORDER] == "pairs_outer":
+        sch.reorder(q, co, ci)
+    if vec > 1:
+        sch.vectorize(lane)
+    sch.unroll(q)  # the block's accumulators: unrolled, they are registers
+    if unroll > 1:
+        sch.unroll(ci)
+    init = sch.decompose_reduction(dot, sch.get_loops(dot)[-4])
+    iq, il = sch.get_loops(init)[-2:]
+    sch.unroll(iq)
+    if vec > 1:
+        sch.vectorize(il)
+
+
+def lower(w: Workload, cfg: Config, target: Any) -> Any:
+    """The scheduled IRModule for one config: what `tvm.compile` builds."""
+    from tvm.s_tir import Schedule
+
+    if target.kind.name != "llvm":
+        raise InvalidConfig(f"interaction has no schedule for target kind {target.kind.name!r} yet")
+    if w.mode == "cat":
+        sch = Schedule(compute(w))
+    else:
+        sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM]))
+    schedule(sch, w, cfg, target)
+    return sch.mod
+
+
+# ---- data, reference, validation ---------------------------------------------------------------------
+def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
+    """(x, ly): dense features (B, D) and the T embeddings stacked as (B, T, D), torch float32 on the CPU."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(w.batch, w.dim, generator=gen)
+    ly = torch.randn(w.batch, w.tables, w.dim, generator=gen)
+    return x, ly
+
+
+def _as_list(ly: Any) -> list[Any]:
+    import torch
+
+    return list(ly.unbind(1)) if isinstance(ly, torch.Tensor) else list(ly)
+
+
+def reference(w: Workload, x: Any, ly: Any) -> Any:
+    """DLRM's interact_features; `ly` is a list of T (B, D) tensors (as DLRM passes it) or a stacked (B, T, D)."""
+    import torch
+
+    ly = _as_list(ly)
+    if w.mode == "cat":
+        return torch.cat([x] + ly, dim=1)
+    batch_size, d = x.shape
+    t = torch.cat([x] + ly, dim=1).view((batch_size, -1, d))
+    z = torch.bmm(t, torch.transpose(t, 1, 2))
+    f = t.shape[1]
+    li, lj = torch.tril_indices(f, f, offset=0 if w.self_interaction else -1)
+    return torch.cat([x, z[:, li, lj]], dim=1)
+
+
+def check_inputs(w: Workload, x: Any, ly: Any) -> None:
+    """Raise a clear error for tensors the kernel cannot take (any batch size works)."""
+    import torch
+
+    def need(cond: bool, msg: str, exc: type[Exception] = ValueError) -> None:
+        if not cond:
+            raise exc(f"interaction: {msg}")
+
+    need(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}", TypeError)
+    need(x.dtype == torch.float32, f"x must be float32, got {x.dtype}", TypeError)
+    need(x.device.type == "cpu", f"x is on {x.device}, this kernel runs on cpu")
+    need(x.dim() == 2 and x.shape[1] == w.dim, f"x must be (batch, {w.dim}), got {tuple(x.shape)}")
+    need(x.is_contiguous(), "x must be contiguous")
+    batch = x.shape[0]
+    if isinstance(ly, torch.Tensor):
+        need(ly.dtype == torch.float32, f"ly must be float32, got {ly.dtype}", TypeError)
+        need(ly.device.type == "cpu", f"ly is on {ly.device}, this kernel runs on cpu")
+        need(ly.dim() == 3 and tuple(ly.shape[1:]) == (w.tables, w.dim),
+             f"stacked ly must be (batch, {w.tables}, {w.dim}), got {tuple(ly.shape)}")
+        need(ly.shape[0] == batch, f"ly has batch {ly.shape[0]} but x has {batch}")
+        need(ly.is_contiguous(), "stacked ly must be contiguous")
+        return
+    need(isinstance(ly, (list, tuple)),
+         f"ly must be a list of {w.tables} (batch, {w.dim}) tensors or a (batch, {w.tables}, {w.dim}) tensor, "
+         f"got {type(ly).__name__}", TypeError)
+    need(len(ly) == w.tables, f"ly must hold {w.tables} tensors (one per table), got {len(ly)}")
+    for k, e in enumerate(ly):
+        need(isinstance(e, torch.Tensor), f"ly[{k}] must be a torch.Tensor, got {type(e).__name__}", TypeError)
+        need(e.dtype == torch.float32, f"ly[{k}] must be float32, got {e.dtype}", TypeError)
+        need(e.device.type == "cpu", f"ly[{k}] is on {e.device}, this kernel runs on cpu")
+        need(tuple(e.shape) == (batch, w.dim), f"ly[{k}] must be ({batch}, {w.dim}), got {tuple(e.shape)}")
+
+
+def kernel_args(w: Workload, x: Any, ly: Any) -> tuple[Sequence[Any], Any]:
+    """(x, ly stacked (B, T, D), out) and out. A list `ly` is stacked here: that is a copy of all embeddings
+    (B*T*D floats), which a caller that already holds them stacked avoids by passing the (B, T, D) tensor."""
+    import torch
+
+    if not isinstance(ly, torch.Tensor):
+        ly = torch.stack(list(ly), dim=1)
+    out = torch.empty(x.shape[0], w.out_dim, dtype=torch.float32)
+    return [x, ly, out], out
+
+
+def traffic(w: Workload, x: Any, ly: Any) -> Traffic:
+    """Bytes read and written once; for dot, the useful flops are 2*B*P*D (the kept dot products only)."""
+    batch = x.shape[0]
+    moved = 4.0 * batch * (w.dim * w.features + w.out_dim)
+    if w.mode == "cat":
+        return Traffic(bytes=moved, ops=0.0, unit="GB/s")
+    return Traffic(bytes=moved, ops=2.0 * batch * w.pairs * w.dim, unit="GFLOPS")
+
+
+def tolerance(w: Workload) -> tuple[float, float]:
+    """fp32 dot products of length D summed in another order than MKL's bmm: error grows with D."""
+    if w.mode == "cat":
+        return (0.0, 0.0)
+    return (1e-4, 1e-5 * max(8, w.dim))
