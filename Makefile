@@ -7,13 +7,13 @@ STAMP   := $(VENV)/.installed
 # A real tuning run on this machine's CPU at a DLRM shape, with a modest budget.
 SHAPE   ?= rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05
 TRIALS  ?= 96
-LOG     ?= logs/cpu/embedding_bag.jsonl
+# Your own runs go to logs/local/ (ignored by git); logs/cpu/ holds the shipped records.
+LOG     ?= logs/local/embedding_bag.jsonl
 
 .PHONY: tune test install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 

@@ -36,7 +36,7 @@ class BenchResult:
         return self.default_s / self.tuned_s
 
     def to_json(self) -> dict[str, Any]:
-        key = "gbps" if self.unit == "GB/s" else "gflops"
+        key = {"GB/s": "gbps", "GFLOPS": "gflops", "GOPS": "gops"}[self.unit]
         return {"tuned_s": self.tuned_s, "torch_s": self.torch_s, "default_s": self.default_s,
                 "speedup_vs_torch": self.speedup_vs_torch, "speedup_vs_default": self.speedup_vs_default,
                 key: self.tuned_rate, f"torch_{key}": self.torch_rate, "config": self.config,

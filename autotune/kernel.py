@@ -6,20 +6,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import records
+from .records import shipped_logs
 from .build import compile_module
 from .task import Task
 
-SHIPPED_LOGS = Path(__file__).resolve().parent.parent / "logs"
-
-
 class NoTunedKernel(LookupError):
     pass
-
-
-def shipped_logs(op: str, device: str) -> list[Path]:
-    """Pre-tuned logs shipped with the project: logs/<device>/<op>.jsonl (device with and without arch)."""
-    kind = device.split(":")[0]
-    return [p for p in (SHIPPED_LOGS / device / f"{op}.jsonl", SHIPPED_LOGS / kind / f"{op}.jsonl") if p.exists()]
 
 
 def best_record(task: Task, logs: Iterable[str | Path]) -> records.Record:

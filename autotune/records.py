@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 FORMAT_VERSION = 1
+SHIPPED_LOGS = Path(__file__).resolve().parent.parent / "logs"
 
 # Error kinds a measurement can end in; None means the candidate ran and matched the reference.
 ERROR_KINDS = ("invalid", "build", "build_timeout", "crash", "timeout", "runtime", "wrong")
@@ -126,3 +127,9 @@ def best(records: Iterable[Record], op: str, workload_key: str, device: str) -> 
     """The fastest correct record for one (op, workload, device), or None."""
     ok = [r for r in for_task(records, op, workload_key, device) if r.ok]
     return min(ok, key=lambda r: r.latency) if ok else None
+
+
+def shipped_logs(op: str, device: str) -> list[Path]:
+    """Pre-tuned logs shipped with the project, logs/<device kind>/<op>.jsonl, like TVM's TopHub."""
+    path = SHIPPED_LOGS / device.split(":")[0] / f"{op}.jsonl"
+    return [path] if path.exists() else []

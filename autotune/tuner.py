@@ -87,6 +87,9 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     model = XGBCostModel(seed=seed) if strategy == "xgb" else None
     training = _Training(task)
     training.add(history)
+    # Shipped records of this op and device (logs/<kind>/<op>.jsonl) warm the model up, as TopHub does.
+    training.add(records.load_many(p for p in records.shipped_logs(task.op, task.device.name)
+                                   if Path(p).resolve() != Path(log).resolve()))
     if model is not None and training.rows:
         model.update(np.stack(training.rows), training.latencies, training.groups)
 

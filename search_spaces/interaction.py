@@ -12,15 +12,17 @@ F(F+1)/2) dot products that are kept, and writes each output element once: no (B
 separate concatenation. Dot products are vectorised over D with one accumulator vector per pair (the rfactor
 form of the reduction); a block of pairs is computed together for independent FMA chains, and the block's
 accumulators are reduced across lanes either pair by pair or all together by a shuffle network that ends in
-one contiguous vector of sums (the output of consecutive pairs is contiguous). The pair -> (row, column)
-offsets come from a small table built at the start of each call. The batch is symbolic: one compiled kernel
-serves any batch; features, dimension and the triangle are compiled in.
+one contiguous vector of sums (the outputs of a block's pairs are contiguous). Blocks run along a row of the
+triangle (row i's chunk is loaded once for the whole block) or over the row-major pair list; their feature
+offsets come from a small table built at the start of each call. The batch is symbolic: one compiled
+kernel serves any batch; features, dimension and the triangle are compiled in.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .space import Choice, Config, Constraint, InvalidConfig, Space
 from .template import Traffic, Workload as _Workload, WorkloadError
@@ -30,6 +32,8 @@ DOC = ("DLRM interact_features: x and T embeddings -> cat([x, tril(Z = T T^T)]),
        "or cat([x] + ly) (cat)")
 
 EXAMPLE_SHAPE = "batch=2048,tables=26,dim=64"
+
+WEIGHTS: tuple[int, ...] = ()  # no model weights: both inputs are activations
 
 MODES = ("dot", "cat")
 DTYPES = ("float32",)
@@ -104,6 +108,11 @@ HSUM = Choice("hsum", ("transpose", "tree"), doc=(
     "Cross-lane reduction of a block's accumulators: 'transpose' folds all pairs' vectors together with "
     "two-source shuffles (about 3 instructions per pair, ends in one contiguous store of the block's sums); "
     "'tree' halves each pair's vector on its own (about 2 log2(lanes) instructions per pair)."))
+PAIR_LAYOUT = Choice("pair_layout", ("rows", "flat"), doc=(
+    "How pairs form blocks (register blocking over pairs). 'rows': a block is row i of the triangle against "
+    "PB consecutive columns, so row i's chunk is loaded once per block and the other rows are at fixed "
+    "offsets; rows end in partial blocks that compute up to PB-1 discarded pairs each. 'flat': PB "
+    "consecutive pairs of the row-major triangle, both rows looked up per pair; no wasted pairs."))
 LOOP_ORDER = Choice("loop_order", ("pairs_inner", "pairs_outer"), doc=(
     "pairs_inner walks D chunks outside and the block's pairs inside (all accumulators live at once, "
     "interleaved FMA chains); pairs_outer finishes one pair's dot product before the next (one live "
@@ -139,7 +148,8 @@ def space(w: Workload, target: Any) -> Space:
     # lanes beyond the next power of two of D only add padding
     lanes = [v for v in LANES.options if v <= max(4, _next_pow2(w.dim))]
     return Space(
-        [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, LOOP_ORDER, DIM_UNROLL],
+        [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, PAIR_LAYOUT, HSUM, LOOP_ORDER,
+         DIM_UNROLL],
         common + [
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB): "
                        "larger blocks are heap workspaces and their accumulators leave the registers",
@@ -175,22 +185,48 @@ def _reduction_levels(pairs: int, lanes: int, transpose: bool) -> list[tuple[str
     return levels
 
 
-def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose") -> Any:
-    """The fused interaction as TVMScript, for one vector width, pair block and reduction (compiled in)."""
+def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose",
+            pair_layout: str = "rows") -> Any:
+    """The fused interaction as TVMScript, for one vector width, pair block, reduction and layout.
+
+    Parsing the script takes a few hundred ms, so modules are cached: a build worker sees the same few
+    (lanes, pairs_per_block, hsum, pair_layout) many times, and schedules never mutate their input module.
+    """
+    if w.mode == "cat":
+        return _compute_cat(w)
+    return _compute_dot(w, lanes, pairs_per_block, hsum, pair_layout)
+
+
+def _row_blocks(w: Workload, pairs_per_block: int) -> list[tuple[int, int]]:
+    """(row i, first column j0) of each block of the "rows" layout: rows of the triangle cut in blocks."""
+    diag = int(w.self_interaction)
+    return [(i, j0) for i in range(w.features) for j0 in range(0, i + diag, pairs_per_block)]
+
+
+@functools.lru_cache(maxsize=64)
+def _compute_dot(w: Workload, lanes: int, pairs_per_block: int, hsum: str, pair_layout: str) -> Any:
     import tvm
     from tvm.script import tirx as T
 
-    if w.mode == "cat":
-        return _compute_cat(w)
     if pairs_per_block & (pairs_per_block - 1) or lanes & (lanes - 1):
         raise InvalidConfig(f"lanes {lanes} and pairs_per_block {pairs_per_block} must be powers of two")
+    if pair_layout not in PAIR_LAYOUT.options or hsum not in HSUM.options:
+        raise InvalidConfig(f"unknown pair_layout {pair_layout!r} or hsum {hsum!r}")
     D, NT, F, P = w.dim, w.tables, w.features, w.pairs
     O = D + P
     VL, PB = lanes, pairs_per_block
     Dp = _padded_dim(w, VL)
-    NBLK = -(-P // PB)
-    PP = NBLK * PB
     diag = 1 if w.self_interaction else 0
+    rows = pair_layout == "rows"
+    if rows:
+        NBLK = len(_row_blocks(w, PB))
+        TAB = NBLK * 4  # per block: row offset, first column's offset, output position, valid pairs
+        FR = F + PB - 1  # a block may run past the diagonal: zero rows to read there
+    else:
+        NBLK = -(-P // PB)
+        TAB = NBLK * PB * 2  # per pair: offsets of its two rows (padded with the last pair)
+        FR = F
+    XV = _stage_lanes(D)
     levels = _reduction_levels(PB, VL, hsum == "transpose")
     L = len(levels)
     if L > 4:
@@ -212,14 +248,35 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                                                     + T.Shuffle([src[T.ramp(m * w_in, 1, w_in)]], hi))
 
     @T.macro
-    def store(sums, out, vb, vblk):
-        # the block's sums are contiguous in the output row; only the last block can be partial
-        if vblk * PB + PB <= P:
-            out[vb, T.ramp(D + vblk * PB, 1, PB)] = sums[T.ramp(0, 1, PB)]
+    def store(sums, out, vb, start, count):
+        # a block's sums are contiguous in the output row; blocks at a row's (or the triangle's) end are partial
+        if count == PB:
+            out[vb, T.ramp(D + start, 1, PB)] = sums[T.ramp(0, 1, PB)]
         else:
             for q in range(PB):
-                if vblk * PB + q < P:
-                    out[vb, D + vblk * PB + q] = sums[q]
+                if q < count:
+                    out[vb, D + start + q] = sums[q]
+
+    @T.macro
+    def reduce_and_store(acc, r0, r1, r2, r3, out, vb, start, count):
+        if L >= 1:
+            level(acc, r0, lv[0][0], lv[0][1], lv[0][2], lv[0][3], lv[0][4], lv[0][5])
+        if L >= 2:
+            level(r0, r1, lv[1][0], lv[1][1], lv[1][2], lv[1][3], lv[1][4], lv[1][5])
+        if L >= 3:
+            level(r1, r2, lv[2][0], lv[2][1], lv[2][2], lv[2][3], lv[2][4], lv[2][5])
+        if L >= 4:
+            level(r2, r3, lv[3][0], lv[3][1], lv[3][2], lv[3][3], lv[3][4], lv[3][5])
+        if L == 0:
+            store(acc, out, vb, start, count)
+        if L == 1:
+            store(r0, out, vb, start, count)
+        if L == 2:
+            store(r1, out, vb, start, count)
+        if L == 3:
+            store(r2, out, vb, start, count)
+        if L == 4:
+            store(r3, out, vb, start, count)
 
     @T.prim_func(s_tir=True)
     def main(x_: T.handle, ly_: T.handle, out_: T.handle):
@@ -228,26 +285,37 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
         x = T.match_buffer(x_, (B, D), "float32")
         ly = T.match_buffer(ly_, (B, NT, D), "float32")
         out = T.match_buffer(out_, (B, O), "float32")
-        # pair p -> offsets of its two feature rows in the staged buffer; padded with the last pair
-        tab = T.sblock_alloc_buffer((PP * 2,), "int32")
-        with T.sblock("pairs"):
+        tab = T.sblock_alloc_buffer((TAB,), "int32")
+        with T.sblock("pairs"):  # the triangle's enumeration, built once per call
             T.reads()
-            T.writes(tab[0:PP * 2])
-            for i in range(F):
-                for j in range(i + diag):
-                    tab[((i * (i + 2 * diag - 1)) // 2 + j) * 2] = i * Dp
-                    tab[((i * (i + 2 * diag - 1)) // 2 + j) * 2 + 1] = j * Dp
-            for p in range(PP - P):
-                tab[(P + p) * 2] = tab[(P - 1) * 2]
-                tab[(P + p) * 2 + 1] = tab[(P - 1) * 2 + 1]
+            T.writes(tab[0:TAB])
+            if rows:
+                n = T.sblock_alloc_buffer((1,), "int32")
+                n[0] = 0
+                for i in range(F):
+                    for jb in range((i + diag + PB - 1) // PB):
+                        tab[n[0] * 4] = i * Dp
+                        tab[n[0] * 4 + 1] = jb * PB * Dp
+                        tab[n[0] * 4 + 2] = (i * (i + 2 * diag - 1)) // 2 + jb * PB
+                        tab[n[0] * 4 + 3] = T.min(PB, i + diag - jb * PB)
+                        n[0] = n[0] + 1
+            else:
+                for i in range(F):
+                    for j in range(i + diag):
+                        tab[((i * (i + 2 * diag - 1)) // 2 + j) * 2] = i * Dp
+                        tab[((i * (i + 2 * diag - 1)) // 2 + j) * 2 + 1] = j * Dp
+                for p in range(NBLK * PB - P):
+                    tab[(P + p) * 2] = tab[(P - 1) * 2]
+                    tab[(P + p) * 2 + 1] = tab[(P - 1) * 2 + 1]
         for b in range(B):
             with T.sblock("sample"):
                 vb = T.axis.spatial(B, b)
-                T.reads(x[vb, 0:D], ly[vb, 0:NT, 0:D], tab[0:PP * 2])
+                T.reads(x[vb, 0:D], ly[vb, 0:NT, 0:D], tab[0:TAB])
                 T.writes(out[vb, 0:O])
-                feat = T.sblock_alloc_buffer((F * Dp,), "float32")
-                for d in T.vectorized(D):  # the dense part of the output row (plain code: one writer block)
-                    out[vb, d] = x[vb, d]
+                feat = T.sblock_alloc_buffer((FR * Dp,), "float32")
+                for d0 in range(D // XV):  # the dense part of the output row (plain code: one writer block)
+                    for d1 in T.vectorized(XV):
+                        out[vb, d0 * XV + d1] = x[vb, d0 * XV + d1]
                 for d in range(D):
                     with T.sblock("stage_x"):
                         vd = T.axis.spatial(D, d)
@@ -260,42 +328,40 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                     with T.sblock("stage_pad"):
                         vf, vd = T.axis.remap("SS", [f, d])
                         feat[vf * Dp + D + vd] = T.float32(0)
+                if rows:  # zero rows past the last feature
+                    for k0 in range((FR - F) * Dp // VL):
+                        for k1 in T.vectorized(VL):
+                            feat[F * Dp + k0 * VL + k1] = T.float32(0)
                 for blk in range(NBLK):
                     with T.sblock("pair_block"):
                         vblk = T.axis.spatial(NBLK, blk)
-                        T.reads(feat[0:F * Dp], tab[vblk * PB * 2:vblk * PB * 2 + PB * 2])
-                        T.writes(out[vb, D + vblk * PB:D + vblk * PB + PB])
+                        T.reads(feat[0:FR * Dp], tab[0:TAB])
+                        T.writes(out[vb, D:O])
                         acc = T.sblock_alloc_buffer((PB * VL,), "float32")
                         r0 = T.sblock_alloc_buffer((sizes[0],), "float32")
                         r1 = T.sblock_alloc_buffer((sizes[1],), "float32")
                         r2 = T.sblock_alloc_buffer((sizes[2],), "float32")
                         r3 = T.sblock_alloc_buffer((sizes[3],), "float32")
-                        for c, q, l in T.grid(Dp // VL, PB, VL):
-                            with T.sblock("dot"):
-                                vc, vq, vl = T.axis.remap("RSS", [c, q, l])
-                                with T.init():
-                                    acc[vq * VL + vl] = T.float32(0)
-                                acc[vq * VL + vl] = acc[vq * VL + vl] + (
-                                    feat[tab[(vblk * PB + vq) * 2] + vc * VL + vl]
-                                    * feat[tab[(vblk * PB + vq) * 2 + 1] + vc * VL + vl])
-                        if L >= 1:
-                            level(acc, r0, lv[0][0], lv[0][1], lv[0][2], lv[0][3], lv[0][4], lv[0][5])
-                        if L >= 2:
-                            level(r0, r1, lv[1][0], lv[1][1], lv[1][2], lv[1][3], lv[1][4], lv[1][5])
-                        if L >= 3:
-                            level(r1, r2, lv[2][0], lv[2][1], lv[2][2], lv[2][3], lv[2][4], lv[2][5])
-                        if L >= 4:
-                            level(r2, r3, lv[3][0], lv[3][1], lv[3][2], lv[3][3], lv[3][4], lv[3][5])
-                        if L == 0:
-                            store(acc, out, vb, vblk)
-                        if L == 1:
-                            store(r0, out, vb, vblk)
-                        if L == 2:
-                            store(r1, out, vb, vblk)
-                        if L == 3:
-                            store(r2, out, vb, vblk)
-                        if L == 4:
-                            store(r3, out, vb, vblk)
+                        if rows:  # row i against rows j0 .. j0 + PB - 1: the row-i chunk is loaded once
+                            for c, q, l in T.grid(Dp // VL, PB, VL):
+                                with T.sblock("dot"):
+                                    vc, vq, vl = T.axis.remap("RSS", [c, q, l])
+                                    with T.init():
+                                        acc[vq * VL + vl] = T.float32(0)
+                                    acc[vq * VL + vl] = acc[vq * VL + vl] + (
+                                        feat[tab[vblk * 4] + vc * VL + vl]
+                                        * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
+                            reduce_and_store(acc, r0, r1, r2, r3, out, vb, tab[vblk * 4 + 2], tab[vblk * 4 + 3])
+                        else:  # PB consecutive pairs of the row-major triangle, rows looked up per pair
+                            for c, q, l in T.grid(Dp // VL, PB, VL):
+                                with T.sblock("dot"):
+                                    vc, vq, vl = T.axis.remap("RSS", [c, q, l])
+                                    with T.init():
+                                        acc[vq * VL + vl] = T.float32(0)
+                                    acc[vq * VL + vl] = acc[vq * VL + vl] + (
+                                        feat[tab[(vblk * PB + vq) * 2] + vc * VL + vl]
+                                        * feat[tab[(vblk * PB + vq) * 2 + 1] + vc * VL + vl])
+                            reduce_and_store(acc, r0, r1, r2, r3, out, vb, vblk * PB, T.min(PB, P - vblk * PB))
 
     return tvm.IRModule({"main": main})
 
@@ -308,6 +374,7 @@ def _stage_lanes(d: int) -> int:
     return v
 
 
+@functools.lru_cache(maxsize=8)
 def _compute_cat(w: Workload) -> Any:
     """cat([x] + ly, dim=1): out[b, f*D + d] is x[b, d] for f = 0, else ly[b, f-1, d]."""
     import tvm
@@ -337,7 +404,7 @@ def _batch_loop(sch: Any, loop: Any, cfg: Config) -> None:
 
 
 def schedule(sch: Any, w: Workload, cfg: Config, target: Any) -> None:
-    """Apply a CPU config to the schedule of `compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM])`."""
+    """Apply a CPU config to `compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PAIR_LAYOUT])`."""
     if w.mode == "cat":
         vec = cfg[COPY_LANES]
         if w.dim % vec:
@@ -393,7 +460,7 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     if w.mode == "cat":
         sch = Schedule(compute(w))
     else:
-        sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM]))
+        sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PAIR_LAYOUT]))
     schedule(sch, w, cfg, target)
     return sch.mod
 
@@ -463,7 +530,7 @@ def check_inputs(w: Workload, x: Any, ly: Any) -> None:
         need(tuple(e.shape) == (batch, w.dim), f"ly[{k}] must be ({batch}, {w.dim}), got {tuple(e.shape)}")
 
 
-def kernel_args(w: Workload, x: Any, ly: Any) -> tuple[Sequence[Any], Any]:
+def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], x: Any, ly: Any) -> tuple[Sequence[Any], Any]:
     """(x, ly stacked (B, T, D), out) and out. A list `ly` is stacked here: that is a copy of all embeddings
     (B*T*D floats), which a caller that already holds them stacked avoids by passing the (B, T, D) tensor."""
     import torch
@@ -472,6 +539,31 @@ def kernel_args(w: Workload, x: Any, ly: Any) -> tuple[Sequence[Any], Any]:
         ly = torch.stack(list(ly), dim=1)
     out = torch.empty(x.shape[0], w.out_dim, dtype=torch.float32)
     return [x, ly, out], out
+
+
+def baselines(w: Workload, x: Any, ly: Any) -> dict[str, Callable[[], Any]]:
+    """PyTorch paths for the same op, prepared outside the timed call: DLRM's own code (one tensor per table,
+    the triangle gathered with two index tensors) and a faster variant (stacked embeddings, one flat
+    index_select of the triangle)."""
+    import torch
+
+    ly_list = [t.contiguous() for t in _as_list(ly)]  # DLRM holds one tensor per embedding table
+    stacked = ly if isinstance(ly, torch.Tensor) else torch.stack(ly_list, dim=1)
+    paths: dict[str, Callable[[], Any]] = {"torch dlrm (list ly)": lambda: reference(w, x, ly_list)}
+    if w.mode == "cat":
+        paths["torch cat (stacked ly)"] = lambda: torch.cat([x, stacked.flatten(1)], dim=1)
+        return paths
+    f = w.features
+    li, lj = torch.tril_indices(f, f, offset=0 if w.self_interaction else -1)
+    flat = li * f + lj
+
+    def bmm_index_select() -> Any:
+        t = torch.cat([x.unsqueeze(1), stacked], dim=1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return torch.cat([x, z.flatten(1).index_select(1, flat)], dim=1)
+
+    paths["torch bmm + index_select (stacked ly)"] = bmm_index_select
+    return paths
 
 
 def traffic(w: Workload, x: Any, ly: Any) -> Traffic:

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 import autotune
-from autotune.kernel import NoTunedKernel, shipped_logs
+from autotune.kernel import NoTunedKernel
+from autotune.records import shipped_logs
 from autotune.task import make_task
 
 SHAPE = "rows=40,dim=8,batch=5,pooling=1-4"

@@ -24,7 +24,7 @@ CASES = {
 
 def run(task, cfg, x, ly):
     func = compile_module(task, cfg)["main"]
-    args, out = it.kernel_args(task.workload, x, ly)
+    args, out = it.kernel_args(task.workload, cfg, (), x, ly)
     func(*args)
     return out
 
@@ -94,7 +94,7 @@ def test_list_and_stacked_embeddings_give_the_same_output(self_interaction):
     func = compile_module(task, task.space.default())["main"]
     for form in (ly, as_list, tuple(as_list)):
         it.check_inputs(w, x, form)
-        args, out = it.kernel_args(w, x, form)
+        args, out = it.kernel_args(w, task.space.default(), (), x, form)
         assert args[1].shape == (4, 3, 8) and args[1].is_contiguous()
         func(*args)
         close(out, ref, w)
@@ -135,7 +135,7 @@ def test_kernel_serves_other_batch_sizes_than_tuned():
     for batch in (1, 13):
         w = it.Workload(batch=batch, tables=4, dim=16)
         x, ly = it.inputs(w, seed=batch)
-        args, out = it.kernel_args(w, x, ly)
+        args, out = it.kernel_args(w, task.space.default(), (), x, ly)
         func(*args)
         close(out, it.reference(w, x, ly), w)
 
@@ -201,6 +201,17 @@ def test_shape_text_parses_aliases_and_round_trips():
     assert it.Workload.from_json(w.to_json()) == w
     example = it.Workload.from_shape(it.EXAMPLE_SHAPE)
     assert example.pairs == 351 and example.out_dim == 415
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(self_interaction=True), dict(mode="cat")])
+def test_baselines_compute_the_same_op(kw):
+    w = it.Workload(batch=3, tables=4, dim=8, **kw)
+    x, ly = it.inputs(w, 0)
+    ref = it.reference(w, x, ly)
+    paths = it.baselines(w, x, list(ly.unbind(1)))
+    assert len(paths) == 2
+    for name, fn in paths.items():
+        torch.testing.assert_close(fn(), ref, msg=name)
 
 
 def test_traffic_counts_useful_flops():
