@@ -98,9 +98,9 @@ SAMPLES_PER_TASK = Choice("samples_per_task", (8, 1, 2, 4, 16, 32, 64), doc=(
     "Samples one parallel task handles in a row (batch tiling): each sample's features are staged once and "
     "stay in L1 for all its pairs; larger tasks amortise the loop and keep a thread's output rows contiguous."))
 LANES = Choice("lanes", (8, 16, 4, 1), doc=(
-    "SIMD lanes over the dimension D (8 fp32 = one AVX2 register, 16 = one AVX-512 register). Each pair keeps "
-    "one accumulator vector; D is zero-padded to a multiple of the lanes in the staged copy, so any D works, "
-    "at the price of the padding's wasted lanes."))
+    "SIMD lanes over the dimension D (8 fp32 = one AVX2 register, 16 = one AVX-512 register; 1 = scalar, "
+    "offered for D < 8 only). Each pair keeps one accumulator vector; D is zero-padded to a multiple of the "
+    "lanes in the staged copy, so any D works, at the price of the padding's wasted lanes."))
 PAIRS_PER_BLOCK = Choice("pairs_per_block", (8, 4, 16, 2, 32), doc=(
     "Pairs computed together (register blocking over pairs): independent accumulator chains hide FMA latency "
     "and the cross-lane reduction of a block is shared; too many accumulators spill registers."))
@@ -145,11 +145,13 @@ def space(w: Workload, target: Any) -> Space:
     if w.mode == "cat":
         return Space([THREADING, SAMPLES_PER_TASK, COPY_LANES.only(v for v in COPY_LANES.options if w.dim % v == 0)],
                      common)
-    # lanes beyond the next power of two of D only add padding
-    lanes = [v for v in LANES.options if v <= max(4, _next_pow2(w.dim))]
+    # lanes beyond the next power of two of D only add padding; scalar code (1 lane) is 10-30x slower once D
+    # fills a vector (measured at D=64 and 128), so it is only offered for small D
+    lanes = [v for v in LANES.options if v <= max(4, _next_pow2(w.dim)) and (v > 1 or w.dim < 8)]
+    unrolls = [u for u in DIM_UNROLL.options if any((_padded_dim(w, v) // v) % u == 0 for v in lanes)]
     return Space(
         [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, PAIR_LAYOUT, HSUM, LOOP_ORDER,
-         DIM_UNROLL],
+         DIM_UNROLL.only(unrolls)],
         common + [
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB): "
                        "larger blocks are heap workspaces and their accumulators leave the registers",

@@ -60,14 +60,16 @@ def test_matches_dlrm_for_default_and_random_configs(case):
         close(run(task, cfg, x, ly), ref, w, msg=str(cfg))
 
 
-def test_every_knob_value_builds_and_matches():
+@pytest.mark.parametrize("kw", [dict(tables=5, dim=16), dict(tables=3, dim=5, self_interaction=True)])
+def test_every_knob_value_builds_and_matches(kw):
     """Each value of each knob appears in at least one checked config (a greedy cover of all values)."""
-    task = make_task("interaction", "cpu", batch=6, tables=5, dim=16)
+    task = make_task("interaction", "cpu", batch=6, **kw)
     w = task.workload
     x, ly = it.inputs(w, seed=1)
     ref = it.reference(w, x, ly)
     missing = {(k.name, v) for k in task.space.knobs for v in k.values}
-    assert ("lanes", 16) in missing and ("pairs_per_block", 32) in missing and ("hsum", "tree") in missing
+    assert ("pairs_per_block", 32) in missing and ("hsum", "tree") in missing
+    assert ("lanes", 16) in missing if w.dim == 16 else ("lanes", 1) in missing  # scalar only for D < 8
     rng = random.Random(0)
     checked = 0
     while missing and checked < 16:
@@ -172,8 +174,11 @@ def test_space_rejects_other_targets_and_lower_rejects_bad_configs(host):
     raw = Config(tuple((k, v) for k, v in {**good, "lanes": 16, "dim_unroll": 2}.items()))
     with pytest.raises(InvalidConfig, match="dim_unroll"):
         it.lower(w, raw, host.target())
-    # lanes beyond the next power of two of D only pad: not in the space
-    assert set(it.space(it.Workload(batch=2, tables=2, dim=3), host.target()).knobs[2].values) == {4, 1}
+    # lanes beyond the next power of two of D only pad, and scalar code is only offered for small D
+    knobs = {k.name: set(k.values) for k in it.space(it.Workload(batch=2, tables=2, dim=3), host.target()).knobs}
+    assert knobs["lanes"] == {4, 1} and knobs["dim_unroll"] == {1}  # 1 chunk of 4 lanes, or 3 of 1
+    knobs = {k.name: set(k.values) for k in sp.knobs}
+    assert knobs["lanes"] == {8, 16, 4} and knobs["dim_unroll"] == {1, 2, 4}
 
 
 @pytest.mark.parametrize("shape, message", [
