@@ -10,7 +10,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# TVM's CPU thread pool defaults to half the hardware threads on x86 (1 thread on a 2-vCPU machine), while
+# PyTorch uses all cores: kernels are tuned, run and compared with every core unless the user says otherwise.
+# Set before any TVM pool starts; worker processes inherit it.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 from typing import Any
 
 from .kernel import Kernel, NoTunedKernel, load_kernel

@@ -50,6 +50,7 @@ def resolve(name: str) -> Device:
     kind, _, arch = name.partition(":")
     if kind == "cpu":
         mcpu = arch or host_cpu()
-        return Device(name=f"cpu:{mcpu}", target_json=(("kind", "llvm"), ("mcpu", mcpu)),
-                      cores=os.cpu_count() or 1)
+        cores = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+        return Device(name=f"cpu:{mcpu}", target_json=(("kind", "llvm"), ("mcpu", mcpu), ("num-cores", cores)),
+                      cores=cores)
     raise UnknownDevice(f"unknown device {name!r}; known: cpu, cpu:MCPU (GPU targets are not implemented yet)")

@@ -5,7 +5,8 @@ from autotune.targets import UnknownDevice, host_cpu, resolve
 
 def test_cpu_names_the_detected_host_cpu_never_native():
     dev = resolve("cpu")
-    assert dev.name == f"cpu:{host_cpu()}" and dev.to_json() == {"kind": "llvm", "mcpu": host_cpu()}
+    assert dev.name == f"cpu:{host_cpu()}"
+    assert dev.to_json() == {"kind": "llvm", "mcpu": host_cpu(), "num-cores": dev.cores}
     assert host_cpu() not in ("native", "generic")
     assert str(dev.target().attrs["mcpu"]) == host_cpu()
 
