@@ -45,11 +45,19 @@ def host_cpu() -> str:
     return str(mcpu)
 
 
+def _llvm_knows_cpu(mcpu: str) -> bool:
+    from tvm.target import codegen
+
+    return bool(codegen.llvm_is_valid_cpu(mcpu, codegen.llvm_get_system_triple()))
+
+
 def resolve(name: str) -> Device:
     """`cpu` (this machine's CPU, detected) or `cpu:MCPU` (cross-tuning for a named CPU model)."""
     kind, _, arch = name.partition(":")
     if kind == "cpu":
         mcpu = arch or host_cpu()
+        if arch and not _llvm_knows_cpu(arch):  # LLVM would silently compile for "generic" instead
+            raise UnknownDevice(f"LLVM does not know the CPU {arch!r}; e.g. cpu:{host_cpu()} (this machine)")
         cores = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
         return Device(name=f"cpu:{mcpu}", target_json=(("kind", "llvm"), ("mcpu", mcpu), ("num-cores", cores)),
                       cores=cores)

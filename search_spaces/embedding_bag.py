@@ -59,10 +59,6 @@ class Workload(_Workload):
         except ValueError:
             raise WorkloadError(f"pooling={raw!r}: expected N or MIN-MAX indices per bag") from None
 
-    @classmethod
-    def parse_distribution(cls, raw: str) -> str:
-        return raw  # "zipf:1.1" is split in __post_init__
-
     def __post_init__(self) -> None:
         if self.distribution.startswith("zipf:"):
             try:
@@ -359,8 +355,7 @@ def reference(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_w
         include_last_offset=w.include_last_offset, padding_idx=w.padding_idx)
 
 
-def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None,
-                 validate_values: bool = True) -> None:
+def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> None:
     """Raise a clear error for tensors that would make the kernel read out of bounds or compute garbage."""
     import torch
 
@@ -389,16 +384,15 @@ def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sampl
         need(per_sample_weights.shape == indices.shape, "per_sample_weights must have the shape of indices")
     else:
         need(per_sample_weights is None, "this kernel was tuned without per_sample_weights")
-    if validate_values:
-        n = indices.numel()
-        if n:
-            lo, hi = int(indices.min()), int(indices.max())
-            need(0 <= lo and hi < weight.shape[0],
-                 f"indices must be in [0, {weight.shape[0]}), got values in [{lo}, {hi}]", IndexError)
-        need(int(offsets[0]) == 0, f"offsets[0] must be 0, got {int(offsets[0])}")
-        steps = offsets[1:] - offsets[:-1]
-        need(bool((steps >= 0).all()), "offsets must be non-decreasing")
-        need(int(offsets[-1]) <= n, f"offsets[-1] = {int(offsets[-1])} exceeds the {n} indices")
+    n = indices.numel()
+    if n:
+        lo, hi = int(indices.min()), int(indices.max())
+        need(0 <= lo and hi < weight.shape[0],
+             f"indices must be in [0, {weight.shape[0]}), got values in [{lo}, {hi}]", IndexError)
+    need(int(offsets[0]) == 0, f"offsets[0] must be 0, got {int(offsets[0])}")
+    steps = offsets[1:] - offsets[:-1]
+    need(bool((steps >= 0).all()), "offsets must be non-decreasing")
+    need(int(offsets[-1]) <= n, f"offsets[-1] = {int(offsets[-1])} exceeds the {n} indices")
 
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], weight: Any, indices: Any, offsets: Any,

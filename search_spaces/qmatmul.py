@@ -340,11 +340,12 @@ def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) 
     """Kernel arguments from reference-order tensors with the weight already packed by `pack`."""
     import torch
 
-    pad = torch.nn.functional.pad
+    def pad(x: Any, widths: tuple[int, ...]) -> Any:  # copies only when the shape is not whole tiles
+        return torch.nn.functional.pad(x, widths) if any(widths) else x
+
     mp, kp, np_ = padded(w, cfg)
     a, _weight, *rest = tensors
-    if (mp, kp) != (w.m, w.k):  # whole tiles and kb groups: zero-pad the activations (a copy)
-        a = pad(a, (0, kp - w.k, 0, mp - w.m))
+    a = pad(a, (0, kp - w.k, 0, mp - w.m))  # whole tiles and kb groups: zero-padded activations
     a_scale = [pad(rest.pop(0), (0, mp - w.m))] if w.mode == "int8" else []
     per_channel = [pad(x, (0, np_ - w.n)) for x in rest]  # w_scale[, bias]
     out = torch.empty(mp, np_, dtype=torch.float32)

@@ -15,3 +15,8 @@ def test_named_cpu_and_unknown_devices():
     assert resolve("cpu:znver3").to_json()["mcpu"] == "znver3"
     with pytest.raises(UnknownDevice, match="unknown device"):
         resolve("tpu")
+
+
+def test_unknown_cpu_names_are_rejected_not_compiled_as_generic():
+    with pytest.raises(UnknownDevice, match="does not know the CPU 'foo'"):
+        resolve("cpu:foo")
