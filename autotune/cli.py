@@ -1,4 +1,4 @@
-"""`autotune list|tune|best|bench`. User errors print one line and exit 2; bugs keep their traceback."""
+"""`autotune list|tune|best|bench|export`. User errors print one line and exit 2; bugs keep their traceback."""
 
 from __future__ import annotations
 
@@ -22,18 +22,24 @@ def _parser() -> argparse.ArgumentParser:
 
     def task_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("op", help="operator name (see `autotune list`)")
-        sp.add_argument("--device", default="cpu", help="cpu (this machine) or cpu:MCPU")
+        sp.add_argument("--device", default="cpu",
+                        help="cpu (this machine), cpu:MCPU, cuda (the local GPU) or cuda:sm_80|sm_89|sm_90")
         sp.add_argument("--shape", required=True, help="workload, e.g. rows=1000000,dim=64,batch=2048,pooling=20-80")
 
     t = sub.add_parser("tune", help="tune one operator on one device")
     task_args(t)
     t.add_argument("--trials", type=int, default=64)
-    t.add_argument("--log", required=True, help="JSON-lines log to append to (and resume from)")
+    t.add_argument("--log", help="JSON-lines log to append to (and resume from); required unless --dry-run")
     t.add_argument("--strategy", choices=("xgb", "random"), default="xgb")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--early-stopping", type=int, default=None, help="stop after N trials without improvement")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--runner", default="local",
+                   help="local (this machine's CPU or GPU) or offline:DIR (write batches to DIR, measured there "
+                        "by `python DIR/measure.py`)")
+    t.add_argument("--dry-run", action="store_true",
+                   help="build the first --trials candidates and show them; measure nothing, write no log")
 
     b = sub.add_parser("best", help="the best record of a log, per task")
     b.add_argument("--log", required=True)
@@ -43,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     be.add_argument("--log", required=True, action="append", help="log(s) to take the best kernel from")
     be.add_argument("--seed", type=int, default=0)
     be.add_argument("--json", action="store_true", help="print one JSON object")
+
+    ex = sub.add_parser("export", help="the best kernel per task of logs -> a package runnable without TVM")
+    ex.add_argument("--log", required=True, action="append", help="log(s) to take the best kernels from")
+    ex.add_argument("--out", required=True, help="package directory to write")
+    ex.add_argument("--device", action="append", help="only these devices (default: all in the logs)")
     return p
 
 
@@ -59,13 +70,41 @@ def _list() -> None:
             print(f"    {line}")
 
 
+def _runner(spec: str) -> object | None:
+    if spec == "local":
+        return None
+    kind, _, where = spec.partition(":")
+    if kind == "offline" and where:
+        from autotune.offline import OfflineRunner
+
+        return OfflineRunner(where)
+    raise ValueError(f"unknown runner {spec!r}; expected local or offline:DIR")
+
+
+def _dry_run(args: argparse.Namespace, task: object) -> None:
+    from autotune.tuner import dry_run
+
+    built = dry_run(task, args.trials, seed=args.seed)  # type: ignore[arg-type]
+    print(f"{args.op} on {task.device.name}: the first {len(built)} candidates (built, not measured)")  # type: ignore[attr-defined]
+    for b in built:
+        status = "ok" if b.lib else f"{b.error_kind}: {b.error}"
+        usage = "; ".join(f"{k.name} {k.threads} threads {k.registers} regs {k.shared_bytes} B smem"
+                          + (f" {k.spill_bytes} B spilled" if k.spill_bytes else "") for k in b.usage)
+        print(f"  {b.config}\n    {status}  ({b.build_s:.1f} s){'  ' + usage if usage else ''}")
+
+
 def _tune(args: argparse.Namespace) -> None:
     from autotune.task import make_task
     from autotune.tuner import tune
 
     task = make_task(args.op, args.device, shape=args.shape)
+    if args.dry_run:
+        return _dry_run(args, task)
+    if not args.log:
+        raise ValueError("--log is required (or --dry-run)")
     res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed,
-               batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress)
+               batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
+               runner=_runner(args.runner))
     print(f"measured {res.measured} new configs ({res.resumed} were already in {args.log})")
     if res.best is None:
         print("no candidate ran correctly; see the error kinds in the log")
@@ -99,11 +138,30 @@ def _bench(args: argparse.Namespace) -> None:
     print(json.dumps(res.to_json()) if args.json else format_result(task, res))
 
 
+def _export(args: argparse.Namespace) -> None:
+    from autotune import records
+    from autotune.package import export
+
+    missing = [p for p in args.log if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"log not found: {', '.join(missing)}")
+    recs = list(records.load_many(args.log))
+    best = [b for op, wkey, dev in sorted({r.task for r in recs})
+            if (not args.device or dev in args.device)
+            and (b := records.best(records.for_task(recs, op, wkey, dev), op, wkey, dev)) is not None]
+    if not best:
+        raise LookupError("no correct records to export in " + ", ".join(args.log))
+    manifest = export(best, args.out)
+    for e in manifest["kernels"]:
+        print(f"{e['file']}: {e['op']} on {e['device']} {e['workload_key']} ({e['latency_s'] * 1e3:.3f} ms)")
+    print(f"wrote {args.out}: {len(manifest['kernels'])} kernels; runs with PyTorch + apache-tvm-ffi")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"list": lambda: _list(), "tune": lambda: _tune(args), "best": lambda: _best(args),
-         "bench": lambda: _bench(args)}[args.command]()
+         "bench": lambda: _bench(args), "export": lambda: _export(args)}[args.command]()
     except USER_ERRORS as err:
         print(f"autotune {args.command}: error: {err}", file=sys.stderr)
         return 2

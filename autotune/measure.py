@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from . import runtime
 from .build import Built, _last_lines
 from .task import Task
 
@@ -50,22 +51,35 @@ def task_data(task: Task, seed: int) -> tuple[tuple[Any, ...], Any]:
 
 def mismatch(task: Task, out: Any, ref: Any) -> str | None:
     """Why `out` is not `ref` within the template's tolerance, or None if it is."""
+    return runtime.mismatch(out, ref, *task.template.tolerance(task.workload))
+
+
+_GPU_DATA: dict[tuple[str, str, int], runtime.TaskData] = {}
+
+
+def _measure_gpu(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
+    """The local GPU: CUDA events with L2 flushed between calls, via the same code as the offline runner."""
     import torch
 
-    rtol, atol = task.template.tolerance(task.workload)
-    if out.shape != ref.shape:
-        return f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    if torch.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=True):
-        return None
-    diff = (out.double() - ref.double()).abs()
-    where = int(diff.nan_to_num(float("inf")).argmax())
-    return f"max abs error {float(diff.max()):.3g} at flat index {where} (rtol {rtol}, atol {atol})"
+    key = (task.op, task.workload_key, timing.seed)
+    if key not in _GPU_DATA:
+        _GPU_DATA.clear()
+        _GPU_DATA[key] = runtime.TaskData(task.template, task.workload, timing.seed, "cuda")
+    try:
+        func = runtime.load_function(lib)
+    except Exception as err:
+        return (), "runtime", f"{type(err).__name__}: {_last_lines(str(err))}"
+    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+    spec = runtime.TimingSpec(timing.number, timing.repeat, timing.min_repeat_ms)
+    return runtime.check_and_time(_GPU_DATA[key], cfg, func, spec, l2)
 
 
 def _measure_one(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
     """Runs in the measure worker: check against the reference, then time."""
     import tvm
 
+    if task.device.is_gpu:
+        return _measure_gpu(task, cfg, lib, timing)
     inputs, ref = task_data(task, timing.seed)
     try:
         mod = tvm.runtime.load_module(lib)
@@ -84,7 +98,17 @@ def _measure_one(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[
 
 
 def _prepare(task: Task, seed: int) -> None:
-    task_data(task, seed)
+    if not task.device.is_gpu:
+        task_data(task, seed)
+
+
+def require_local_device(task: Task) -> None:
+    """GPU candidates are measured here only if PyTorch sees a GPU: say what to do instead."""
+    import torch
+
+    if task.device.is_gpu and not torch.cuda.is_available():
+        raise ValueError(f"PyTorch sees no GPU here to measure {task.device.name} candidates; use "
+                         "--runner offline:DIR to measure on a GPU machine, or --dry-run to only build")
 
 
 def _tvm_copy(t: Any, dev: Any, cache: bool) -> Any:
@@ -120,6 +144,7 @@ class LocalRunner:
         return self._worker.recv()
 
     def measure(self, task: Task, built: Sequence[Built]) -> list[Measured]:
+        require_local_device(task)
         out = []
         for b in built:
             if b.lib is None:

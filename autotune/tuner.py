@@ -14,8 +14,8 @@ from cost_model import XGBCostModel, featurize
 from search_spaces import Config, InvalidConfig
 
 from . import records
-from .build import Builder
-from .measure import LocalRunner, Measured, Timing
+from .build import Builder, Built
+from .measure import LocalRunner, Measured, Timing, require_local_device
 from .search import STRATEGIES
 from .task import Task
 
@@ -59,7 +59,7 @@ class _Training:
 
 def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
          batch_size: int = 16, early_stopping: int | None = None, timing: Timing = Timing(),
-         builder: Builder | None = None, runner: LocalRunner | None = None,
+         builder: Builder | None = None, runner: Any = None,
          progress: bool = True) -> TuneResult:
     """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
 
@@ -97,6 +97,8 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
         assert model is not None
         return model.predict(featurize(task.workload, space, cfgs))
 
+    if runner is None:
+        require_local_device(task)  # before anything is built
     own_builder, own_runner = builder is None, runner is None
     builder = builder or Builder()
     runner = runner or LocalRunner(timing)
@@ -140,6 +142,24 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
         if own_runner:
             runner.close()
     return result
+
+
+def dry_run(task: Task, trials: int, seed: int = 0, builder: Builder | None = None) -> list[Built]:
+    """Build (but never run) the configs a tuning run would start with: the default, then random ones.
+
+    Shows what would be measured and that it compiles within the device's limits, without a device.
+    """
+    space = task.space
+    rng = random.Random(seed)
+    batch = [space.default()]
+    batch += STRATEGIES["random"](space, set(batch), trials - 1, rng, None, elites=[]) if trials > 1 else []
+    own = builder is None
+    builder = builder or Builder()
+    try:
+        return builder.build(task, batch)
+    finally:
+        if own:
+            builder.close()
 
 
 def _to_record(task: Task, m: Measured) -> records.Record:

@@ -17,3 +17,12 @@ def host():
     from autotune.targets import resolve
 
     return resolve("cpu")
+
+
+@pytest.fixture(scope="session")
+def gpu_builder():
+    """One build pool for every GPU test (its workers import TVM once)."""
+    from autotune.build import Builder
+
+    with Builder(timeout=300) as builder:
+        yield builder

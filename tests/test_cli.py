@@ -16,6 +16,10 @@ SHAPE = "rows=200,dim=8,batch=16,pooling=1-6"
     (["tune", "embedding_bag", "--shape", "rows=1,dim=2,batch=3,pooling=4,mode=x", "--log", "x.jsonl"], "mode"),
     (["tune", "embedding_bag", "--device", "tpu", "--shape", SHAPE, "--log", "x.jsonl"], "unknown device"),
     (["best", "--log", "missing.jsonl"], "log not found"),
+    (["tune", "embedding_bag", "--shape", SHAPE, "--log", "x.jsonl", "--runner", "farm"], "unknown runner"),
+    (["tune", "embedding_bag", "--shape", SHAPE], "--log is required"),
+    (["tune", "embedding_bag", "--device", "cuda:sm_70", "--shape", SHAPE, "--log", "x.jsonl"], "sm_70"),
+    (["export", "--log", "missing.jsonl", "--out", "pkg"], "log not found"),
     (["bench", "embedding_bag", "--shape", SHAPE, "--log", "missing.jsonl"], "log not found"),
 ])
 def test_user_errors_print_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
@@ -53,3 +57,15 @@ def test_tune_best_bench_through_the_console_script(tmp_path):
     result = json.loads(bench.stdout)
     assert {"tuned_s", "torch_s", "default_s", "speedup_vs_torch", "gbps"} <= set(result)
     assert result["tuned_s"] > 0 and result["speedup_vs_torch"] == pytest.approx(result["torch_s"] / result["tuned_s"])
+
+
+def test_tuning_for_a_gpu_without_one_says_how_to_measure_elsewhere(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: candidates would be measured on it")
+    argv = ["tune", "embedding_bag", "--device", "cuda:sm_90", "--shape", SHAPE, "--log", str(tmp_path / "x.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "sees no GPU" in err and "--runner offline:DIR" in err and "--dry-run" in err
+    assert not (tmp_path / "x.jsonl").exists()

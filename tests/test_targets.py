@@ -20,3 +20,26 @@ def test_named_cpu_and_unknown_devices():
 def test_unknown_cpu_names_are_rejected_not_compiled_as_generic():
     with pytest.raises(UnknownDevice, match="does not know the CPU 'foo'"):
         resolve("cpu:foo")
+
+
+def test_gpu_architectures_carry_their_limits_into_the_tvm_target():
+    dev = resolve("cuda:sm_90")
+    assert dev.name == "cuda:sm_90" and dev.is_gpu and dev.gpu.sms == 132
+    target = dev.target()
+    assert target.kind.name == "cuda" and str(target.attrs["arch"]) == "sm_90"
+    assert int(target.attrs["max_threads_per_block"]) == dev.gpu.max_threads_per_block == 1024
+    assert int(target.attrs["max_shared_memory_per_block"]) == 48 * 1024 < dev.gpu.shared_memory_optin
+    assert target.host.kind.name == "llvm" and "mcpu" not in target.host.attrs  # portable host stubs
+    assert resolve("cuda:sm_80").gpu.shared_memory_optin == 163 * 1024
+    assert resolve("cuda:sm_89").gpu.compute_capability == (8, 9)
+    assert all(resolve(f"cuda:{a}").gpu.bandwidth > 0 for a in ("sm_80", "sm_89", "sm_90"))
+
+
+def test_unknown_gpu_architectures_and_a_missing_local_gpu_are_clear_errors():
+    import torch
+
+    with pytest.raises(UnknownDevice, match="unknown GPU architecture 'sm_10'"):
+        resolve("cuda:sm_10")
+    if not torch.cuda.is_available():
+        with pytest.raises(UnknownDevice, match="sees no CUDA GPU"):
+            resolve("cuda")

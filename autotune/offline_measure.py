@@ -1,0 +1,136 @@
+"""Measure candidate batches written by `autotune tune --runner offline:DIR`, on a machine without TVM.
+
+Copied into DIR as `measure.py`; run it on the device (PyTorch + `apache-tvm-ffi` needed, nothing else):
+
+    python DIR/measure.py            # measure every batch in DIR that has no results yet
+    python DIR/measure.py --watch    # keep measuring batches as the tuner writes them (shared directory)
+
+Each candidate is run once and compared with the PyTorch reference before it is timed, exactly as the local
+runner does (same code: autotune_runtime.py). A candidate that crashes the process takes only itself: the
+script runs each batch in a child process and marks the candidate it was on as crashed when it dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BATCH, RESULTS, PROGRESS = "batch.json", "results.json", "progress.json"
+IN_PROGRESS = "being measured"  # the outcome on record while a candidate runs: if the process dies, it is to blame
+
+
+def _write_json(path: Path, obj: object) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _config(raw: dict) -> object:
+    from search_spaces.space import Config
+
+    return Config(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in raw.items()))
+
+
+def measure_batch(batch_dir: Path) -> None:
+    """Measure one batch in this process, recording progress so a crash can be blamed on its candidate."""
+    import autotune_runtime as rt
+    import search_spaces
+
+    spec = json.loads((batch_dir / BATCH).read_text())
+    gpu = spec["gpu"]
+    device = "cuda" if gpu else "cpu"
+    rt.load_runtime(str(HERE / "lib"), cuda=gpu)
+    template = search_spaces.get(spec["op"])
+    workload = template.Workload.from_json(spec["workload"])
+    timing = rt.TimingSpec(**spec["timing"])
+    l2 = spec.get("l2_bytes", 0)
+    if gpu:
+        import torch
+
+        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)) or l2
+    progress_file = batch_dir / PROGRESS
+    done = json.loads(progress_file.read_text()) if progress_file.exists() else {}
+    data = rt.TaskData(template, workload, spec["seed"], device)
+    for cand in spec["candidates"]:
+        cid = str(cand["id"])
+        if cid in done:
+            continue
+        done[cid] = {"costs": [], "error_kind": "crash", "error": IN_PROGRESS}
+        _write_json(progress_file, done)  # if we die now, this candidate is the one to blame
+        try:
+            func = rt.load_function(str(batch_dir / cand["file"]))
+            costs, kind, msg = rt.check_and_time(data, _config(cand["config"]), func, timing, l2)
+        except Exception as err:  # loading failed: the candidate's error, not the script's
+            costs, kind, msg = (), "runtime", f"{type(err).__name__}: {err}"[:500]
+        done[cid] = {"costs": list(costs), "error_kind": kind, "error": msg}
+        _write_json(progress_file, done)
+
+
+def run_batch(batch_dir: Path, timeout: float) -> None:
+    """Measure a batch in child processes until every candidate has an outcome, then publish results.json."""
+    while True:
+        spec = json.loads((batch_dir / BATCH).read_text())
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--one", str(batch_dir)], timeout=timeout)
+            finished = proc.returncode == 0
+            if not finished:
+                _blame_current(batch_dir, "crash", f"the measuring process died (exit {proc.returncode})")
+        except subprocess.TimeoutExpired:
+            finished = False
+            _blame_current(batch_dir, "timeout", f"no result within {timeout:.0f} s (hang?)")
+        progress = json.loads((batch_dir / PROGRESS).read_text()) if (batch_dir / PROGRESS).exists() else {}
+        if finished or len(progress) >= len(spec["candidates"]):
+            break
+    results = [dict(id=c["id"], **progress.get(str(c["id"]), {"costs": [], "error_kind": "crash",
+                                                               "error": "not measured"}))
+               for c in spec["candidates"]]
+    _write_json(batch_dir / RESULTS, {"format": 1, "results": results, "host": os.uname().nodename})
+
+
+def _blame_current(batch_dir: Path, kind: str, msg: str) -> None:
+    progress_file = batch_dir / PROGRESS
+    if not progress_file.exists():
+        return
+    done = json.loads(progress_file.read_text())
+    for cid, res in done.items():
+        if res["error"] == IN_PROGRESS:
+            done[cid] = {"costs": [], "error_kind": kind, "error": msg}
+    _write_json(progress_file, done)
+
+
+def pending(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.glob(f"batch-*/{BATCH}") if not (p.parent / RESULTS).exists())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--watch", action="store_true", help="keep measuring new batches until interrupted")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a batch's measuring process may run")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one batch in this process
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(HERE))  # the package's autotune_runtime.py and search_spaces/
+    if args.one:
+        measure_batch(Path(args.one))
+        return 0
+    while True:
+        for batch in pending(HERE):
+            print(f"measuring {batch.name}", flush=True)
+            run_batch(batch, args.timeout)
+        if not args.watch:
+            return 0
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Kernel packages: compiled kernels + manifest + TVM's runtime libraries, usable without the TVM compiler.
+
+A package directory holds
+    manifest.json          format, TVM version, and one entry per kernel (op, workload, device, config, file)
+    kernels/*.so           exported TVM libraries (CPU code, or host stubs with embedded cubins)
+    lib/                   libtvm_runtime.so (+ libtvm_runtime_cuda.so when a kernel is for a GPU)
+    autotune_runtime.py    a copy of `autotune.runtime`: load, check and time kernels with tvm_ffi + torch
+    search_spaces/         the templates' pure-Python side (inputs, reference, argument order, validation)
+so that a machine with PyTorch and `apache-tvm-ffi` (a few MB) runs the kernels. `autotune export` writes one
+from logs; the offline runner writes one per candidate batch, with `measure.py` to time it there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import search_spaces
+
+from . import runtime
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+def tvm_lib_dir() -> str:
+    import tvm
+
+    return os.path.join(os.path.dirname(tvm.__file__), "lib")
+
+
+def write_support_files(out: Path, ops: Iterable[str], gpu: bool) -> None:
+    """The runtime libraries, the runtime module and the templates a package's kernels need."""
+    (out / "lib").mkdir(parents=True, exist_ok=True)
+    for name in runtime.RUNTIME_LIBS[: 2 if gpu else 1]:
+        shutil.copy2(os.path.join(tvm_lib_dir(), name), out / "lib" / name)
+    shutil.copy2(runtime.__file__, out / "autotune_runtime.py")
+    src = Path(search_spaces.__file__).parent
+    shutil.rmtree(out / "search_spaces", ignore_errors=True)
+    shutil.copytree(src, out / "search_spaces", ignore=shutil.ignore_patterns("__pycache__"))
+    for op in ops:  # an out-of-tree template (a dotted module path) travels as its file
+        if "." in op:
+            module_file = Path(search_spaces.get(op).__file__)  # type: ignore[arg-type]
+            parts = op.split(".")
+            dest = out.joinpath(*parts[:-1])
+            dest.mkdir(parents=True, exist_ok=True)
+            for i in range(1, len(parts)):
+                out.joinpath(*parts[:i], "__init__.py").touch()
+            shutil.copy2(module_file, dest / f"{parts[-1]}.py")
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Atomically: a reader never sees half a manifest."""
+    fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    os.replace(tmp, out / MANIFEST)
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    p = p / MANIFEST if p.is_dir() else p
+    if not p.exists():
+        raise FileNotFoundError(f"no kernel package at {path} ({MANIFEST} missing)")
+    try:
+        manifest = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{p} is not valid JSON: {err}") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{p}: package format {manifest.get('format')!r}, this version reads {FORMAT}")
+    return manifest
+
+
+def export(records: Iterable[Any], out: str | Path, builder: Any = None) -> dict[str, Any]:
+    """Compile each record's config and write a package; returns the manifest.
+
+    `records` are the best records to ship (one per op, workload and device).
+    """
+    import tvm
+
+    from .build import Builder
+    from .task import make_task
+
+    out = Path(out)
+    (out / "kernels").mkdir(parents=True, exist_ok=True)
+    entries = []
+    own = builder is None
+    builder = builder or Builder()
+    try:
+        for rec in records:
+            task = make_task(rec.op, rec.device, workload=search_spaces.get(rec.op).Workload.from_json(rec.workload))
+            cfg = task.space.from_json(rec.config)
+            (built,) = builder.build(task, [cfg])
+            if built.lib is None:
+                raise RuntimeError(f"{rec.op} {rec.workload_key} on {rec.device}: the logged config no longer "
+                                   f"builds: {built.error_kind}: {built.error}")
+            name = f"{rec.op}-{rec.device.replace(':', '_')}-{len(entries):03d}.so"
+            shutil.move(built.lib, out / "kernels" / name)
+            entries.append({"file": f"kernels/{name}", "op": rec.op, "workload": rec.workload,
+                            "workload_key": rec.workload_key, "device": rec.device, "target": rec.target,
+                            "config": rec.config, "latency_s": rec.latency})
+    finally:
+        if own:
+            builder.close()
+    write_support_files(out, {e["op"] for e in entries}, gpu=any(e["device"].startswith("cuda") for e in entries))
+    manifest = {"format": FORMAT, "tvm_version": tvm.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "kernels": entries}
+    write_manifest(out, manifest)
+    return manifest
+

@@ -1,0 +1,242 @@
+"""The table-batched embedding-bag template against PyTorch (one embedding_bag per table, then cat)."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from autotune.build import compile_module
+from autotune.targets import resolve
+from autotune.task import make_task
+from gpu_build import ARCHS, assert_built_within_limits, build_sample
+from search_spaces import WorkloadError
+from search_spaces import batched_embedding_bag as tbe
+
+# three tables of different sizes, pooling from 0 (empty bags), dim 16
+SMALL = dict(rows=(50, 7, 300), dim=16, batch=9, pooling=(0, 6))
+CASES = {
+    "sum-int64": dict(),
+    "sum-int32-zipf": dict(index_dtype="int32", distribution="zipf", zipf_exponent=1.2),
+    "mean-int32": dict(mode="mean", index_dtype="int32"),
+    "max-int64": dict(mode="max"),
+}
+
+
+def run(task, cfg, *tensors):
+    func = compile_module(task, cfg)["main"]
+    args, out = task.kernel_args(cfg, (), tensors)
+    func(*args)
+    return out
+
+
+def per_table_loop(weight, table_offsets, indices, offsets, batch, mode):
+    """The semantics written out bag by bag, independently of the template."""
+    tables = table_offsets.numel() - 1
+    out = torch.zeros(batch, tables * weight.shape[1])
+    for t in range(tables):
+        for b in range(batch):
+            lo, hi = int(offsets[t * batch + b]), int(offsets[t * batch + b + 1])
+            if hi == lo:
+                continue
+            rows = weight[int(table_offsets[t]) + indices[lo:hi].long()]
+            pooled = {"sum": rows.sum(0), "mean": rows.mean(0), "max": rows.max(0).values}[mode]
+            out[b, t * weight.shape[1]:(t + 1) * weight.shape[1]] = pooled
+    return out
+
+
+def covering_configs(space, rng):
+    """A few configs that together take every value of every knob."""
+    missing = {(k.name, v) for k in space.knobs for v in k.values}
+    configs = [space.default()]
+    missing -= set(configs[0].items)
+    for _ in range(20000):
+        if not missing:
+            break
+        cfg = space.sample(rng)
+        if missing & set(cfg.items):
+            configs.append(cfg)
+            missing -= set(cfg.items)
+    assert not missing, missing
+    return configs
+
+
+# ---- CPU kernels -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_cpu_matches_torch_for_default_and_random_configs(case):
+    task = make_task("batched_embedding_bag", "cpu", **SMALL, **CASES[case])
+    rng = random.Random(len(case))
+    configs = {task.space.default()} | {task.space.sample(rng) for _ in range(2)}
+    tensors = tbe.inputs(task.workload, seed=3)
+    tbe.check_inputs(task.workload, *tensors)
+    ref = tbe.reference(task.workload, *tensors)
+    for cfg in configs:
+        torch.testing.assert_close(run(task, cfg, *tensors), ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
+
+
+def test_cpu_every_knob_value_builds_and_matches():
+    task = make_task("batched_embedding_bag", "cpu", rows=(40, 3, 90), dim=32, batch=7, pooling=(0, 12))
+    tensors = tbe.inputs(task.workload, seed=1)
+    ref = tbe.reference(task.workload, *tensors)
+    for cfg in covering_configs(task.space, random.Random(0)):
+        torch.testing.assert_close(run(task, cfg, *tensors), ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
+
+
+def test_cpu_kernel_serves_other_batches_and_table_sizes_than_tuned():
+    task = make_task("batched_embedding_bag", "cpu", **SMALL)
+    other = tbe.Workload(rows=(5, 60, 11), dim=16, batch=21, pooling=(1, 5))
+    tensors = tbe.inputs(other, seed=2)
+    torch.testing.assert_close(run(task, task.space.default(), *tensors), tbe.reference(other, *tensors))
+
+
+def test_cpu_all_bags_empty_give_zeros():
+    task = make_task("batched_embedding_bag", "cpu", rows=(4, 6), dim=8, batch=3, pooling=(0, 0), mode="max")
+    tensors = (torch.randn(10, 8), torch.tensor([0, 4, 10]), torch.zeros(0, dtype=torch.long),
+               torch.zeros(7, dtype=torch.long))
+    tbe.check_inputs(task.workload, *tensors)
+    out = run(task, task.space.default(), *tensors)
+    assert torch.equal(out, torch.zeros(3, 16))
+    torch.testing.assert_close(out, tbe.reference(task.workload, *tensors))
+
+
+# ---- GPU kernels: the loop nest on the CPU, then builds for real architectures ---------------------------
+@pytest.mark.parametrize("case", ["sum-int64", "mean-int32", "max-int64"])
+def test_gpu_loop_nest_computes_the_reference(case):
+    """A GPU config's exact loop nest (steps, padding, masks, lane splits) with its thread loops left serial,
+    compiled for the CPU: what the GPU runs, checked without a GPU."""
+    import tvm
+
+    w = tbe.Workload(**{**SMALL, "rows": (50, 7, 300, 1)}, **CASES[case])
+    target = resolve("cuda:sm_90").target()
+    space = tbe.space(w, target)
+    rng = random.Random(7)
+    configs = {space.default()} | {space.sample(rng) for _ in range(2)}
+    tensors = tbe.inputs(w, seed=5)
+    ref = tbe.reference(w, *tensors)
+    for cfg in configs:
+        func = tvm.compile(tbe.lower(w, cfg, target, bind_threads=False), target="llvm")["main"]
+        args, out = tbe.kernel_args(w, cfg, (), *tensors)
+        func(*args)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_default_and_sampled_configs_build_within_limits(gpu_builder, arch):
+    task, built = build_sample(gpu_builder, "batched_embedding_bag", arch, n=3, seed=1, **SMALL)
+    assert_built_within_limits(task, built)
+    assert built[0].lib is not None, built[0].error  # the default config builds
+
+
+def test_gpu_builds_for_a_dim_that_is_not_a_multiple_of_4(gpu_builder):
+    task, built = build_sample(gpu_builder, "batched_embedding_bag", "sm_90", n=1, seed=2, rows=(20, 5), dim=10,
+                               batch=5, pooling=(0, 4), mode="mean", index_dtype="int32")
+    assert_built_within_limits(task, built)
+
+
+def test_gpu_space_default_is_a_coalesced_float4_config():
+    w = tbe.Workload(rows=(1000, 10), dim=128, batch=2048, pooling=(20, 80))
+    target = resolve("cuda:sm_90").target()
+    space = tbe.space(w, target)
+    cfg = space.default()
+    assert (cfg[tbe.GPU_VECTOR], cfg[tbe.DIM_ITERS], cfg[tbe.THREADS]) == (4, 1, 256)  # a warp per 512 B row
+    assert cfg[tbe.GPU_UNROLL] > 1
+    limit = int(target.attrs["max_threads_per_block"])
+    assert all(c[tbe.THREADS] <= limit for c in space)
+
+
+# ---- workload, inputs, validation -----------------------------------------------------------------------
+def test_shape_text_grouped_and_uniform_forms():
+    w = tbe.Workload.from_shape("rows=1000000x4+100000x8+1000x14,dim=128,batch=2048,pooling=20-80,index=int32,"
+                                "dist=zipf:1.3,mode=mean")
+    assert w.tables == 26 and w.rows[:5] == (1000000,) * 4 + (100000,) and w.rows[-1] == 1000
+    assert w.pooling == (20, 80) and w.index_dtype == "int32" and w.mode == "mean"
+    assert w.distribution == "zipf" and w.zipf_exponent == 1.3
+    assert tbe.Workload.from_json(w.to_json()) == w and tbe.Workload.from_json(w.to_json()).key() == w.key()
+    uniform = tbe.Workload.from_shape("tables=26,rows=100000,dim=64,batch=8,pooling=3")
+    assert uniform.rows == (100000,) * 26 and uniform.pooling == (3, 3)
+    assert tbe.Workload.from_shape("rows=50+7+300,dim=16,batch=9,pooling=0-6") == tbe.Workload(**SMALL)
+    assert tbe.Workload.from_shape(tbe.EXAMPLE_SHAPE).tables == 26
+    # the cost model sees the same features whatever the number of tables
+    assert w.numeric_features().keys() == tbe.Workload(**SMALL).numeric_features().keys()
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("rows=10+20,dim=8,batch=2", "missing pooling"),
+    ("rows=10x,dim=8,batch=2,pooling=1", "ROWS"),
+    ("rows=ten,dim=8,batch=2,pooling=1", "ROWS"),
+    ("rows=10x0,dim=8,batch=2,pooling=1", "count"),
+    ("rows=10+0,dim=8,batch=2,pooling=1", ">= 1 rows"),
+    ("tables=3,rows=10+20,dim=8,batch=2,pooling=1", "tables=3 but rows lists 2"),
+    ("rows=10,dim=8,batch=2,pooling=5-3", "min <= max"),
+    ("rows=10,dim=8,batch=2,pooling=3,mode=avg", "mode"),
+    ("rows=10,dim=0,batch=2,pooling=3", "dim"),
+    ("rows=10,dim=8,batch=2,pooling=3,index=int16", "index dtype"),
+    ("rows=10,dim=8,batch=2,pooling=3,dist=zipf:x", "zipf"),
+    ("rows=10,dim=8,batch=2,pooling=3,colour=red", "unknown shape key"),
+    ("rows=3000000000,dim=8,batch=2,pooling=3,index=int32", "2\\*\\*31"),
+])
+def test_bad_shapes_are_clear_errors(shape, message):
+    with pytest.raises(WorkloadError, match=message):
+        tbe.Workload.from_shape(shape)
+
+
+def test_inputs_follow_the_tbe_layout_and_zipf_is_skewed_per_table():
+    w = tbe.Workload(rows=(20000, 30), dim=4, batch=256, pooling=(20, 20), distribution="zipf",
+                     zipf_exponent=1.1)
+    weight, table_offsets, indices, offsets = tbe.inputs(w, seed=0)
+    assert weight.shape == (20030, 4) and table_offsets.tolist() == [0, 20000, 20030]
+    assert offsets.shape == (2 * 256 + 1,) and int(offsets[-1]) == indices.numel() == 2 * 256 * 20
+    tbe.check_inputs(w, weight, table_offsets, indices, offsets)  # every index within its own table
+    first = indices[:256 * 20]
+    counts = torch.bincount(first, minlength=20000).sort(descending=True).values
+    assert counts[:200].sum() > 0.3 * first.numel()  # the hottest 1% of the big table's rows
+    assert int(indices[256 * 20:].max()) < 30
+
+
+def test_reference_and_baselines_agree_with_a_bag_by_bag_loop():
+    for mode in ("sum", "mean", "max"):
+        w = tbe.Workload(**SMALL, mode=mode)
+        tensors = tbe.inputs(w, seed=4)
+        ref = tbe.reference(w, *tensors)
+        assert ref.shape == (9, 3 * 16)
+        torch.testing.assert_close(ref, per_table_loop(*tensors, batch=9, mode=mode))
+        for name, fn in tbe.baselines(w, *tensors).items():
+            torch.testing.assert_close(fn(), ref, msg=name)
+
+
+def test_traffic_counts_gathered_rows():
+    w = tbe.Workload(**SMALL)
+    tensors = tbe.inputs(w, seed=0)
+    traffic = tbe.traffic(w, *tensors)
+    assert traffic.bytes == tensors[2].numel() * 16 * 4 and traffic.unit == "GB/s"
+
+
+def test_check_inputs_rejects_bad_tensors():
+    w = tbe.Workload(rows=(3, 5), dim=4, batch=2, pooling=(1, 2))
+    weight, toff = torch.randn(8, 4), torch.tensor([0, 3, 8])
+    idx, off = torch.tensor([0, 2, 1, 4, 0]), torch.tensor([0, 1, 3, 4, 5])
+    tbe.check_inputs(w, weight, toff, idx, off)
+    bad = {
+        r"index 3 at position 1 is out of range for table 0, which has 3 rows": (weight, toff, torch.tensor(
+            [0, 3, 1, 4, 0]), off),  # a valid row of the concatenation, but not of table 0
+        "table 1": (weight, toff, torch.tensor([0, 2, 1, 5, 0]), off),
+        "out of range": (weight, toff, torch.tensor([0, -1, 1, 4, 0]), off),
+        "float32": (weight.double(), toff, idx, off),
+        r"\(sum of table rows, 4\)": (torch.randn(8, 5), toff, idx, off),
+        "table_offsets must be int64": (weight, toff.int(), idx, off),
+        "tables \\+ 1 = 3 entries": (weight, torch.tensor([0, 8]), idx, off),
+        "must equal the weight's 8 rows": (weight, torch.tensor([0, 3, 7]), idx, off),
+        "table_offsets must be non-decreasing": (weight, torch.tensor([0, 9, 8]), idx, off),
+        "indices and offsets must be int64": (weight, toff, idx.int(), off.int()),
+        "tables x batch \\+ 1": (weight, toff, idx, off[:-1]),
+        "offsets must be non-decreasing": (weight, toff, idx, torch.tensor([0, 2, 1, 4, 5])),
+        "offsets\\[0\\] must be 0": (weight, toff, idx, torch.tensor([1, 1, 3, 4, 5])),
+        "exceeds the 5 indices": (weight, toff, idx, torch.tensor([0, 1, 3, 4, 6])),
+        "contiguous": (torch.randn(4, 8).t(), toff, idx, off),
+        "all inputs must be on one device": (weight, toff, idx.to("meta"), off),
+    }
+    for message, tensors in bad.items():
+        with pytest.raises((ValueError, TypeError, IndexError), match=message):
+            tbe.check_inputs(w, *tensors)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        tbe.check_inputs(w, weight, toff, np.asarray(idx), off)

@@ -1,0 +1,88 @@
+"""The offline runner end to end: the tuner writes batches, measure.py (with TVM blocked) measures them."""
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from autotune import records
+from autotune.build import Builder
+from autotune.measure import Timing
+from autotune.offline import OfflineRunner, OfflineTimeout
+from autotune.task import make_task
+from autotune.tuner import tune
+
+FAST = Timing(number=2, repeat=3, min_repeat_ms=1)
+
+
+def block_tvm(tmp_path):
+    """PYTHONPATH that makes `import tvm` fail: the measuring side must not need TVM's compiler."""
+    fake = tmp_path / "notvm" / "tvm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('TVM is not installed on this device')\n")
+    return str(fake.parent)
+
+
+def run_measure(root, tmp_path, *args):
+    env_path = block_tvm(tmp_path)
+    return subprocess.run([sys.executable, str(root / "measure.py"), *args], capture_output=True, text=True,
+                          timeout=300, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
+
+
+def test_faults_are_recorded_and_every_candidate_measured_once(tmp_path):
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    configs = list(task.space)  # none/wrong (two lane widths each), crash, hang
+    root = tmp_path / "farm"
+    runner = OfflineRunner(root, FAST, poll_s=0.2, wait_s=300, say=lambda msg: None)
+    result = {}
+
+    def tuner():
+        with Builder(workers=2) as builder:
+            result["measured"] = runner.measure(task, builder.build(task, configs))
+
+    thread = threading.Thread(target=tuner)
+    thread.start()
+    for _ in range(600):  # the batch appears once built
+        if (root / "batch-0000" / "batch.json").exists():
+            break
+        thread.join(0.2)
+    proc = run_measure(root, tmp_path, "--timeout", "8")
+    thread.join(60)
+    assert proc.returncode == 0, proc.stderr
+    kinds = {m.built.config.as_dict()["fault"]: m.error_kind for m in result["measured"]}
+    assert kinds["crash"] == "crash" and kinds["hang"] == "timeout" and kinds["wrong"] == "wrong"
+    assert kinds["none"] is None
+    assert all(m.costs for m in result["measured"] if m.error_kind is None)
+    assert len(result["measured"]) == len(configs)
+
+
+def test_tuning_through_a_directory_resumes_from_the_log(tmp_path):
+    task = make_task("embedding_bag", "cpu", rows=300, dim=16, batch=32, pooling=(1, 6))
+    root, log = tmp_path / "farm", tmp_path / "eb.jsonl"
+    watcher = {}
+
+    def measure_until_done():
+        watcher["proc"] = subprocess.Popen(
+            [sys.executable, str(root / "measure.py"), "--watch"], env={"PYTHONPATH": block_tvm(tmp_path),
+                                                                         "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    runner = OfflineRunner(root, FAST, poll_s=0.2, wait_s=300, say=lambda msg: None)
+    runner._prepare(task)  # so the watcher has its script before the first batch
+    measure_until_done()
+    try:
+        res = tune(task, trials=4, log=log, batch_size=2, runner=runner, timing=FAST, progress=False)
+    finally:
+        watcher["proc"].kill()
+        out = watcher["proc"].communicate()[0]
+    assert res.measured == 4 and res.best is not None, out
+    assert sorted(p.name for p in root.glob("batch-*")) == ["batch-0000", "batch-0001"]
+    assert len(list(records.load(log))) == 4
+
+
+def test_waiting_gives_up_with_a_clear_error(tmp_path):
+    task = make_task("templates.faulty", "cpu", shape="n=8")
+    runner = OfflineRunner(tmp_path, FAST, poll_s=0.05, wait_s=0.2, say=lambda msg: None)
+    with Builder(workers=1) as builder, pytest.raises(OfflineTimeout, match="rerun the same command"):
+        runner.measure(task, builder.build(task, [task.space.default()]))

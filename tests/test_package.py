@@ -1,0 +1,57 @@
+"""Kernel packages: exported from records, run where TVM's compiler is not installed."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autotune.package import export, read_manifest
+from autotune.task import make_task
+
+RUN = """
+import json, sys
+sys.path.insert(0, PKG)
+import autotune_runtime as rt, search_spaces
+manifest = json.load(open(PKG + "/manifest.json"))
+rt.load_runtime(PKG + "/lib")
+for entry in manifest["kernels"]:
+    template = search_spaces.get(entry["op"])
+    w = template.Workload.from_json(entry["workload"])
+    data = rt.TaskData(template, w, 1, "cpu")
+    func = rt.load_function(PKG + "/" + entry["file"])
+    cfg = __import__("search_spaces.space", fromlist=["Config"]).Config(tuple(entry["config"].items()))
+    costs, kind, err = rt.check_and_time(data, cfg, func, rt.TimingSpec(1, 2, 1.0))
+    print(entry["op"], kind, err, len(costs))
+print("tvm" in sys.modules)
+"""
+
+
+def test_exported_cpu_kernels_run_and_check_without_the_tvm_compiler(tmp_path):
+    task = make_task("embedding_bag", "cpu", rows=100, dim=16, batch=8, pooling=(0, 5), mode="mean")
+    rec = task.record(task.space.default(), costs=(1e-5,), error_kind=None, error=None, build_s=0.1)
+    manifest = export([rec], tmp_path / "pkg")
+    assert read_manifest(tmp_path / "pkg") == manifest
+    (entry,) = manifest["kernels"]
+    assert entry["op"] == "embedding_bag" and entry["config"] == rec.config and entry["latency_s"] == 1e-5
+    assert (tmp_path / "pkg" / "lib" / "libtvm_runtime.so").exists()
+    assert not (tmp_path / "pkg" / "lib" / "libtvm_runtime_cuda.so").exists()  # CPU only: no CUDA runtime
+
+    fake = tmp_path / "notvm" / "tvm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no TVM compiler here')\n")
+    proc = subprocess.run([sys.executable, "-c", RUN.replace("PKG", repr(str(tmp_path / "pkg")))],
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(fake.parent)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["embedding_bag None None 2", "False"]
+
+
+def test_reading_a_broken_package_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no kernel package"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 99}))
+    with pytest.raises(ValueError, match="package format 99"):
+        read_manifest(tmp_path)
