@@ -1,12 +1,21 @@
-"""The embedding-bag template against torch.nn.functional.embedding_bag, for random configs of its space."""
+"""The embedding-bag template against torch.nn.functional.embedding_bag, for random configs of its space.
+
+GPU configs are checked as far as a machine without a GPU allows: they build for sm_80/sm_90 within the
+device's limits, their CUDA has no LLVM intrinsics, and their numerics are checked on the CPU twin of the
+GPU schedule (`lower_gpu_emulation`: same TVMScript and schedule, serial threads, shuffles as reads).
+"""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
+import tvm
 
 from autotune.build import compile_module
+from autotune.targets import GPUS, gpu_device, resolve
 from autotune.task import make_task
+from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import embedding_bag as eb
 
@@ -15,6 +24,7 @@ CASES = {
     "mean": dict(mode="mean"),
     "max": dict(mode="max"),
     "weighted": dict(per_sample_weights=True),
+    "weighted-pad": dict(per_sample_weights=True, padding_idx=3),
     "pad-sum": dict(padding_idx=3),
     "pad-mean": dict(padding_idx=3, mode="mean"),
     "pad-max": dict(padding_idx=-1, mode="max"),
@@ -137,3 +147,112 @@ def test_check_inputs_rejects_bad_tensors():
         eb.check_inputs(w, torch.randn(4, 10).t(), idx, off)
     with pytest.raises(ValueError, match="without per_sample_weights"):
         eb.check_inputs(w, weight, idx, off, torch.ones(3))
+
+
+def test_check_inputs_accepts_one_device_and_rejects_mixed_devices():
+    w = eb.Workload(rows=10, dim=4, batch=2, pooling=(1, 2))
+    weight, idx, off = torch.randn(10, 4), torch.tensor([1, 2, 3]), torch.tensor([0, 2])
+    with pytest.raises(ValueError, match=r"one device.*weight on meta.*indices on cpu"):
+        eb.check_inputs(w, weight.to("meta"), idx, off)
+    weighted = eb.Workload(rows=10, dim=4, batch=2, pooling=(1, 2), per_sample_weights=True)
+    with pytest.raises(ValueError, match=r"one device.*per_sample_weights on meta"):
+        eb.check_inputs(weighted, weight, idx, off, torch.ones(3, device="meta"))
+
+
+def test_kernel_args_allocate_the_output_on_the_inputs_device():
+    w = eb.Workload(rows=10, dim=4, batch=2, pooling=(1, 2))
+    tensors = (torch.empty(10, 4, device="meta"), torch.empty(3, dtype=torch.long, device="meta"),
+               torch.empty(2, dtype=torch.long, device="meta"))
+    args, out = eb.kernel_args(w, None, (), *tensors)
+    assert out.device.type == "meta" and out.shape == (2, 4) and args[-1] is out
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------
+SM90 = resolve("cuda:sm_90")
+
+
+def test_gpu_space_has_documented_cuda_knobs_and_a_fast_looking_default():
+    w = eb.Workload(rows=1000, dim=128, batch=2048, pooling=(20, 80))
+    space = eb.space(w, SM90.target())
+    assert {k.name for k in space.knobs} == {"gpu_vector", "dim_threads", "threads", "gpu_unroll", "index_prefetch"}
+    assert all(k.doc for k in space.knobs)
+    cfg = space.default()
+    # 16-byte loads, one bag per warp (512 contiguous bytes per row), several loads in flight, shared indices
+    assert (cfg[eb.GPU_VECTOR], cfg[eb.DIM_THREADS], cfg[eb.INDEX_PREFETCH]) == (4, 32, "shuffle")
+    assert cfg[eb.GPU_UNROLL] >= 4 and cfg[eb.THREADS] % 32 == 0
+
+
+@pytest.mark.parametrize("dim", [8, 24, 64, 128, 256, 1024])
+def test_gpu_space_constraints_keep_blocks_within_the_device_limits(dim):
+    small = gpu_device(replace(GPUS["sm_80"], max_threads_per_block=256))  # a device with smaller blocks
+    for device in (SM90, small):
+        limit = int(device.target().attrs["max_threads_per_block"])
+        space = eb.space(eb.Workload(rows=100, dim=dim, batch=64, pooling=(0, 9)), device.target())
+        rng = random.Random(dim)
+        for cfg in [space.default()] + [space.sample(rng) for _ in range(300)]:
+            threads, lanes, vec = cfg[eb.THREADS], cfg[eb.DIM_THREADS], cfg[eb.GPU_VECTOR]
+            assert threads <= limit and threads % 32 == 0 and threads % lanes == 0, cfg
+            assert dim % (lanes * vec) == 0, cfg
+            assert dim // lanes <= eb.GPU_MAX_ACCUMULATORS, cfg  # accumulators stay in registers
+        assert any(c[eb.THREADS] == limit for c in space), "the largest block the device allows is in the space"
+
+
+def test_gpu_configs_lower_to_cuda_without_llvm_intrinsics():
+    """The CPU kernel's prefetch is an LLVM intrinsic; CUDA source must not carry it (nor any LLVM call)."""
+    w = eb.Workload(rows=100, dim=64, batch=32, pooling=(0, 9), mode="mean", padding_idx=2)
+    space = eb.space(w, SM90.target())
+    for prefetch in eb.INDEX_PREFETCH.options:
+        cfg = next(c for c in space if c[eb.INDEX_PREFETCH] == prefetch)
+        mod = eb.lower(w, cfg, SM90.target())
+        assert "call_llvm" not in mod.script()
+        # in this process TVM keeps the CUDA source (there is no CUDA runtime to compile it to a cubin)
+        (cuda,) = tvm.compile(mod, target=SM90.target()).mod.imports
+        source = cuda.inspect_source()
+        assert "__global__" in source and "llvm" not in source
+        assert ("__shfl_sync" in source) == (prefetch == "shuffle"), cfg
+        assert "float4" in source, "16-byte vector loads"
+
+
+GPU_BUILDS = {  # workload options -> configs to build: the default and random ones (numerics: the CPU twin)
+    "sum": (dict(), 3),
+    "mean-pad": (dict(mode="mean", padding_idx=3), 2),
+    "weighted-int32-last-offset": (dict(per_sample_weights=True, index_dtype="int32", include_last_offset=True), 1),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_configs_build_within_the_device_limits(gpu_builder, arch):
+    for case, (fields, n) in GPU_BUILDS.items():
+        task, built = build_sample(gpu_builder, "embedding_bag", arch, n, seed=len(case), rows=100, dim=64,
+                                   batch=32, pooling=(0, 9), **fields)
+        assert_built_within_limits(task, built)
+        assert all(b.error_kind is None for b in built), [(str(b.config), b.error) for b in built if b.error]
+
+
+GPU_NUMERICS = {
+    "sum": dict(),
+    "mean-pad": dict(mode="mean", padding_idx=3),
+    "max-pad-last-offset": dict(mode="max", padding_idx=-1, include_last_offset=True),
+    "weighted-pad-int32": dict(per_sample_weights=True, padding_idx=0, index_dtype="int32"),
+    "dim24-mean-int32": dict(dim=24, mode="mean", index_dtype="int32"),
+}
+
+
+@pytest.mark.parametrize("case", GPU_NUMERICS)
+def test_gpu_schedule_numerics_on_its_cpu_twin(case):
+    """Empty bags, batches other than the tuned one (more than the grid holds, and fewer), every option."""
+    fields = {"rows": 50, "dim": 64, "pooling": (0, 40), **GPU_NUMERICS[case]}
+    w = eb.Workload(batch=13, **fields)
+    space = eb.space(w, SM90.target())
+    rng = random.Random(len(case))  # the default shuffles indices; a random config that does not
+    configs = [space.default(), next(c for c in (space.sample(rng) for _ in range(1000))
+                                     if c[eb.INDEX_PREFETCH] == "none")]
+    for cfg in configs:
+        kernel = tvm.compile(eb.lower_gpu_emulation(w, cfg, SM90.target()), target="llvm")["main"]
+        for batch in (13, 40, 3):
+            other = eb.Workload(batch=batch, **fields)
+            tensors = eb.inputs(other, seed=batch)
+            args, out = eb.kernel_args(other, cfg, (), *tensors)
+            kernel(*args)
+            torch.testing.assert_close(out, eb.reference(other, *tensors), rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"{cfg} batch {batch}: {m}")
