@@ -7,7 +7,9 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 # Test-only templates (tests/templates) must import in TVM's worker processes too.
 sys.path.insert(0, str(TESTS))
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+# The repository root comes first: tests/search_spaces (test files, no __init__) must not shadow the package
+# as a namespace package in workers started from another directory.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH")]))
 # Keep timings of the suite's tiny kernels from fighting each other for the two cores.
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 

@@ -69,3 +69,14 @@ def test_tuning_for_a_gpu_without_one_says_how_to_measure_elsewhere(tmp_path, ca
     err = capsys.readouterr().err
     assert "sees no GPU" in err and "--runner offline:DIR" in err and "--dry-run" in err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_dry_run_builds_gpu_candidates_and_shows_their_resources(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["tune", "embedding_bag", "--device", "cuda:sm_90", "--shape", "rows=1000,dim=32,batch=64,pooling=1-9",
+            "--trials", "2", "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "the first 2 candidates (built, not measured)" in out
+    assert out.count("main_kernel") == 2 and "regs" in out and "B smem" in out
+    assert list(tmp_path.iterdir()) == []  # no log written
