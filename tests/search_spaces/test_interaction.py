@@ -2,6 +2,7 @@
 
 import random
 import re
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from autotune.build import compile_module
 from autotune.task import make_task
+from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import InvalidConfig, WorkloadError
 from search_spaces import interaction as it
 
@@ -157,11 +159,11 @@ def test_kernel_is_fused_without_batch_sized_intermediates():
 
 def test_space_rejects_other_targets_and_lower_rejects_bad_configs(host):
     w = it.Workload(batch=4, tables=3, dim=16)
-    cuda = SimpleNamespace(kind=SimpleNamespace(name="cuda"))
-    with pytest.raises(InvalidConfig, match="cuda"):
-        it.space(w, cuda)
-    with pytest.raises(InvalidConfig, match="cuda"):
-        it.lower(w, it.space(w, host.target()).default(), cuda)
+    rocm = SimpleNamespace(kind=SimpleNamespace(name="rocm"))
+    with pytest.raises(InvalidConfig, match="rocm"):
+        it.space(w, rocm)
+    with pytest.raises(InvalidConfig, match="rocm"):
+        it.lower(w, it.space(w, host.target()).default(), rocm)
     sp = it.space(w, host.target())
     good = sp.default().to_json()
     with pytest.raises(InvalidConfig, match="1 KiB"):
@@ -261,3 +263,229 @@ def test_check_inputs_rejects_bad_tensors():
         it.check_inputs(w, x.to("meta"), ly)
     with pytest.raises(ValueError, match=r"ly\[0\] is on meta"):
         it.check_inputs(w, x, [ly[:, 0].to("meta"), ly[:, 1]])
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------------
+# No GPU here: kernels are built with nvcc through the build pool (limits checked by ptxas), and their
+# generated CUDA C is run on the CPU by a small emulator (below) to check what they compute.
+GPU_SMALL = dict(batch=64, tables=5, dim=16)
+DLRM = dict(batch=2048, tables=26, dim=128)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fields, n", [(GPU_SMALL, 4), ({**GPU_SMALL, "self_interaction": True}, 1),
+                                       ({**GPU_SMALL, "mode": "cat"}, 1)], ids=["dot", "self", "cat"])
+def test_gpu_default_and_sampled_configs_build_within_limits(gpu_builder, arch, fields, n):
+    task, built = build_sample(gpu_builder, "interaction", arch, n=n, seed=7, **fields)
+    assert_built_within_limits(task, built)
+    assert built[0].lib is not None, built[0].error  # the default config always builds
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_space_keeps_threads_and_shared_memory_within_limits(arch):
+    task = make_task("interaction", f"cuda:{arch}", **DLRM)
+    w, spec, space = task.workload, task.device.gpu, task.space
+    rng = random.Random(arch)
+    for cfg in [space.default()] + [space.sample(rng) for _ in range(500)]:
+        assert cfg[it.THREADS] <= spec.max_threads_per_block, cfg
+        assert it.cuda_shared_bytes(w, cfg) <= spec.shared_memory_per_block, cfg
+    # the untuned default is a fast-looking config: 16-byte loads, at least 4 blocks per SM
+    default = space.default()
+    assert default[it.VECTOR] == 4 and -(-w.batch // default[it.SAMPLES_PER_BLOCK]) >= 4 * spec.sms
+    # a config that skipped the space's constraints is refused by lower(), not built into a crash
+    from search_spaces import Config
+
+    raw = Config(tuple({**default.to_json(), "samples_per_block": 8}.items()))
+    with pytest.raises(InvalidConfig, match="shared memory"):
+        task.lower(raw)
+
+
+def test_gpu_shared_memory_model_matches_the_generated_kernels():
+    task = make_task("interaction", "cuda:sm_90", **DLRM)
+    w, space = task.workload, task.space
+    vectorised = space.make({**space.default().to_json(), "staging": "shared", "output": "direct"})
+    for cfg in (space.default(), vectorised, space.sample(random.Random(3))):
+        source = cuda_source(task, cfg)
+        arrays = re.findall(r"__shared__ alignas\(\d+\) float(\d?) \w+\[(\d+)\];", source)  # float, float4...
+        declared = sum(4 * int(lanes or 1) * int(n) for lanes, n in arrays)
+        modelled = it.cuda_shared_bytes(w, cfg)
+        assert modelled <= declared <= modelled + 8, (cfg, arrays)  # + unused 1-float arrays
+        assert int(re.search(r"__launch_bounds__\((\d+)\)", source).group(1)) == cfg[it.THREADS]
+        if cfg == space.default():
+            assert "*(float4*)(ly_ptr" in source  # 16-byte loads of the embeddings
+            assert "call_llvm" not in task.lower(cfg).script()  # no host intrinsics in the kernel
+
+
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_cuda_tiles_cover_every_kept_pair_once(self_interaction):
+    for tables in range(1, 9):
+        w = it.Workload(batch=1, tables=tables, dim=4, self_interaction=self_interaction)
+        f = w.features
+        for side in (1, 2, 3, 4):
+            grid = it.tile_grid(w, side)
+            written = []
+            for t in range(grid.count):
+                i0, j0 = grid.origin(t)
+                written += [(i, j) for i in range(i0, i0 + side) for j in range(j0, j0 + side)
+                            if i < f and j < i + self_interaction]
+            kept = list(zip(*(v.tolist() for v in torch.tril_indices(f, f, 0 if self_interaction else -1))))
+            assert sorted(written) == kept, (tables, side)
+
+
+def test_gpu_space_follows_the_workload():
+    small = make_task("interaction", "cuda:sm_90", batch=3, tables=1, dim=5).space  # F = 2, odd D
+    knobs = {k.name: set(k.values) for k in small.knobs}
+    assert knobs["vector"] == {1} and knobs["dot_lanes"] == {1} and knobs["pair_tile"] == {1, 2}
+    assert knobs["samples_per_block"] == {1, 2} and len(small) > 0
+    cat = make_task("interaction", "cuda:sm_80", batch=4, tables=3, dim=12, mode="cat").space
+    assert [k.name for k in cat.knobs] == ["vector", "threads", "items_per_thread"]
+    assert {c[it.VECTOR] for c in cat} == {4, 2, 1}
+    for cfg in make_task("interaction", "cuda:sm_80", **DLRM).space:  # every config divides D evenly
+        assert DLRM["dim"] % (cfg[it.DOT_LANES] * cfg[it.VECTOR]) == 0
+
+
+def test_check_inputs_wants_one_device_and_outputs_follow_it():
+    w = it.Workload(batch=3, tables=2, dim=4)
+    x, ly = it.inputs(w, 0)
+    with pytest.raises(ValueError, match="ly is on meta but x is on cpu: all inputs must be on one device"):
+        it.check_inputs(w, x, ly.to("meta"))
+    with pytest.raises(ValueError, match=r"ly\[1\] is on meta but x is on cpu: all inputs must be on one"):
+        it.check_inputs(w, x, [ly[:, 0], ly[:, 1].to("meta")])
+    x, ly = x.to("meta"), ly.to("meta")  # any one device is fine, and the output is allocated there
+    it.check_inputs(w, x, ly)
+    it.check_inputs(w, x, list(ly.unbind(1)))
+    args, out = it.kernel_args(w, make_task("interaction", "cpu", workload=w).space.default(), (), x, ly)
+    assert out.device == x.device and out.shape == (3, w.out_dim)
+
+
+@pytest.mark.parametrize("fields, batch, changes", [
+    (GPU_SMALL | {"batch": 6}, 6, [{}, dict(staging="none", output="direct", pair_tile=3, dot_lanes=1)]),
+    # the DLRM shape's F and D, and a larger batch than tuned: the blocks loop over further groups of samples
+    (dict(batch=2, tables=26, dim=128), 5, [{}, dict(samples_per_block=2, pair_tile=2, dot_lanes=8)]),
+    (dict(batch=5, tables=3, dim=12, self_interaction=True), 5,
+     [dict(samples_per_block=2, staging="shared", pair_tile=1, dot_lanes=2, output="direct")]),
+    (dict(batch=3, tables=1, dim=5), 3, [{}]),  # F = 2, scalar loads
+    (dict(batch=5, tables=4, dim=12, mode="cat"), 7, [dict(vector=4, items_per_thread=2)]),
+], ids=["small", "dlrm-grid-stride", "self-dim12", "F2-dim5", "cat"])
+def test_cuda_kernels_match_the_reference_when_emulated(fields, batch, changes):
+    """The default config and configs that change the knobs with their own code paths."""
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA emulator needs g++")
+    task = make_task("interaction", "cuda:sm_90", **fields)
+    w = it.Workload(**{**task.workload.to_json(), "batch": batch})
+    x, ly = it.inputs(w, seed=batch)
+    ref = it.reference(w, x, ly)
+    for change in changes:
+        cfg = task.space.make({**task.space.default().to_json(), **change})
+        out = torch.full_like(ref, float("nan"))
+        mod = task.lower(cfg)
+        grid = int(re.search(r'T\.thread_binding\((\d+), thread="blockIdx\.x"\)', mod.script()).group(1))
+        emulate_cuda(cuda_source(task, cfg), grid, dict(x=x, ly=ly, out=out, B=batch))
+        close(out, ref, w, msg=str(cfg))
+
+
+def cuda_source(task, cfg) -> str:
+    """The CUDA C of a config's kernel, generated in this process (no nvcc, no driver needed)."""
+    import tvm
+
+    exe = tvm.compile(task.lower(cfg), target=task.device.target())
+    (device_module,) = exe.mod.imports
+    return device_module.inspect_source("")
+
+
+# A CUDA thread block on the CPU: each thread is a fiber (ucontext); __syncthreads ends a fiber's turn, and a
+# round runs every fiber to its next barrier. Warp shuffles exchange values through slots between two
+# barriers, so they are exact when all threads of the block shuffle together (as these kernels do).
+_EMU_PRELUDE = r"""
+#include <algorithm>
+#include <cstdint>
+#include <ucontext.h>
+#include <vector>
+using std::max;
+using std::min;
+struct Dim3 { volatile int x, y, z; };
+static Dim3 threadIdx, blockIdx;
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+#define __global__
+#define __launch_bounds__(n)
+#define __restrict__
+static ucontext_t emu_scheduler;
+static std::vector<ucontext_t> emu_fibers;
+static std::vector<int> emu_state;  // 0 running, 1 at a barrier, 2 done
+static std::vector<float> emu_slots;
+static int emu_current;
+static void __syncthreads() { emu_state[emu_current] = 1; swapcontext(&emu_fibers[emu_current], &emu_scheduler); }
+static float __shfl_xor_sync(unsigned, float v, int lane_mask, int width) {
+  int t = threadIdx.x, lane = t % 32;
+  emu_slots[t] = v;
+  __syncthreads();
+  float r = emu_slots[t - lane + ((lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1)))];
+  __syncthreads();
+  return r;
+}
+"""
+_EMU_LAUNCHER = r"""
+static void emu_fiber(int t) { emu_kernel(); emu_state[t] = 2; }
+extern "C" int emu_launch(int grid, int block) {
+  const size_t stack = 64 << 10;
+  std::vector<char> stacks(stack * block);
+  emu_fibers.resize(block); emu_state.resize(block); emu_slots.resize(block);
+  for (int bx = 0; bx < grid; ++bx) {
+    for (int t = 0; t < block; ++t) {
+      getcontext(&emu_fibers[t]);
+      emu_fibers[t].uc_stack.ss_sp = stacks.data() + stack * t;
+      emu_fibers[t].uc_stack.ss_size = stack;
+      emu_fibers[t].uc_link = &emu_scheduler;
+      makecontext(&emu_fibers[t], (void (*)())emu_fiber, 1, t);
+      emu_state[t] = 0;
+    }
+    for (int done = 0; done < block;) {
+      for (int t = 0; t < block; ++t) {
+        if (emu_state[t] == 2) continue;
+        emu_state[t] = 0; emu_current = t; threadIdx.x = t; threadIdx.y = threadIdx.z = 0; blockIdx.x = bx;
+        swapcontext(&emu_scheduler, &emu_fibers[t]);
+      }
+      done = std::count(emu_state.begin(), emu_state.end(), 2);
+      if (done && done < block) return 1;  // some threads ended while others wait at a barrier
+    }
+  }
+  return 0;
+}
+"""
+
+
+def emulate_cuda(source: str, grid: int, args: dict) -> None:
+    """Run the one kernel of TVM-generated CUDA C on the CPU; pointer arguments are CPU float32 tensors
+    (`name` for the kernel's `name_ptr`), the others ints."""
+    import ctypes
+    import subprocess
+    import tempfile
+
+    kernels = re.findall(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{', source)
+    assert len(kernels) == 1, f"expected one kernel, found {len(kernels)}"
+    block, name, params = int(kernels[0][0]), kernels[0][1], [p.strip() for p in kernels[0][2].split(",")]
+    names = [p.rsplit(" ", 1)[1].removesuffix("_ptr") for p in params]
+    unknown = set(names) - set(args)
+    assert not unknown, f"kernel arguments {unknown} are computed by the host code, which is not emulated"
+    globals_ = "".join(f"static {'float*' if '*' in p else 'int'} emu_{n};\n" for p, n in zip(params, names))
+    kernel = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", source.replace("#include <cuda.h>", ""))
+    code = (_EMU_PRELUDE + kernel + globals_ + f"static void emu_kernel() {{ {name}("
+            + ", ".join(f"emu_{n}" for n in names) + "); }\n" + _EMU_LAUNCHER
+            + "".join(f'extern "C" void emu_set_{n}(void* p) {{ emu_{n} = (float*)p; }}\n' if "*" in p
+                      else f'extern "C" void emu_set_{n}(long v) {{ emu_{n} = (int)v; }}\n'
+                      for p, n in zip(params, names)))
+    with tempfile.TemporaryDirectory(prefix="cuda-emu-") as tmp:
+        src, lib = f"{tmp}/kernel.cc", f"{tmp}/kernel.so"
+        with open(src, "w") as f:
+            f.write(code)
+        subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-o", lib, src], check=True)
+        so = ctypes.CDLL(lib)
+        for n in names:
+            value = args[n]
+            if isinstance(value, torch.Tensor):
+                assert value.dtype == torch.float32 and value.is_contiguous() and value.device.type == "cpu"
+                getattr(so, f"emu_set_{n}")(ctypes.c_void_p(value.data_ptr()))
+            else:
+                getattr(so, f"emu_set_{n}")(ctypes.c_long(int(value)))
+        assert so.emu_launch(grid, block) == 0, "a __syncthreads is not reached by every thread of a block"
