@@ -1,18 +1,41 @@
-"""x86 int8 dot-product tensor intrinsics, registered lazily and only those a template asks for.
+"""int8 dot-product tensor intrinsics (x86 and CUDA), registered lazily and only those a template asks for.
 
-Two intrinsics, registered on first use:
+We register our own instead of importing `tvm.s_tir.tensor_intrin`: importing that package parses every
+backend's intrinsics (about 80 s; its `cuda` module alone about 60 s), per build worker. Ours parse in well
+under a second each and are registered on first use.
+
+x86, registered on first use:
 - VNNI (u8 x s8 -> s32, 16 lanes x 4 k, `vpdpbusd`). TVM ships one (`dot_16x4_vnni` in
   tvm.s_tir.tensor_intrin.x86), but it passes <16 x i32> operands where LLVM 22's `vpdpbusd.512` takes
   <64 x i8>, and fails LLVM's verifier; ours is the same description with LLVM 22's signature. (Importing
   TVM's module would also cost `import tvm.s_tir.tensor_intrin`, which parses every backend's intrinsics.)
 - AVX2 without VNNI (s8 x s8 -> s32 exactly, 8 lanes x 2 k, sign extension + `pmaddwd`).
+
+CUDA (the descriptions and implementations of TVM's `dp4a_s8s8s32` and `mma_*_i8*` intrinsics):
+- dp4a: s8 x s8 -> s32, 4 k per instruction (`__dp4a`), operands in shared memory, accumulator in registers.
+- int8 tensor cores (sm_80+): `ldmatrix` of 16x32 A and B tiles (B stored (N, K), as nn.Linear keeps it)
+  into registers, `mma.sync.m16n8k32` into 16x16 int32 accumulator tiles held in registers, and a zero fill.
+  The accumulator's layout (`accumulator_16x16`) is public so a template can read it in its epilogue.
+
+  Unlike TVM's, these address each lane's own registers directly (no `lane * width` term in the offsets):
+  the operand tiles are plain per-thread `local` buffers and only the accumulators are `warp` memory. TVM
+  0.27's warp-memory lowering rewrites just one `warp` buffer per scope, and leaves index expressions it
+  cannot fold; either way the fragments would end up in local memory (a stack frame) instead of registers.
 """
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any, Callable
+
 
 VNNI_16x4 = "autotune_dot_16x4_u8s8s32_vnni"  # u8 x s8 -> s32, 16 lanes x 4 (AVX-512 VNNI vpdpbusd)
 AVX2_8x2 = "autotune_dot_8x2_s8s8s32_avx2"  # ours: s8 x s8 -> s32, 8 lanes x 2 (AVX2 vpmovsxbw + vpmaddwd)
+
+DP4A_S8 = "autotune_dp4a_s8s8s32"  # s8 x s8 -> s32, 4 k (CUDA __dp4a)
+LDMATRIX_A_S8 = "autotune_mma_ldmatrix_s8_a"  # 16x32 A tile (m, k), shared -> warp registers
+LDMATRIX_B_S8 = "autotune_mma_ldmatrix_s8_b_trans"  # 16x32 B tile stored (n, k), shared -> warp registers
+MMA_S8 = "autotune_mma_s8s8s32_trans_b"  # 16x16x32 s8 x s8 -> s32 on tensor cores (sm_80+)
 
 _loaded: set[str] = set()
 
@@ -79,15 +102,203 @@ def _register_avx2() -> None:
     TensorIntrin.register(AVX2_8x2, desc, impl, override=True)
 
 
+def _register_dp4a() -> None:
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((4,), "int8", offset_factor=1, align=4, scope="shared"),
+             B: T.Buffer((4,), "int8", offset_factor=1, align=4, scope="shared"),
+             C: T.Buffer((1,), "int32", offset_factor=1, align=4, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(C[0], A[0:4], B[0:4])
+            T.writes(C[0])
+            for k in range(4):
+                with T.sblock("update"):
+                    vk = T.axis.remap("R", [k])
+                    C[0] = C[0] + T.cast(A[vk], "int32") * T.cast(B[vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((4,), "int8", offset_factor=1, align=4, scope="shared"),
+             B: T.Buffer((4,), "int8", offset_factor=1, align=4, scope="shared"),
+             C: T.Buffer((1,), "int32", offset_factor=1, align=4, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(C[0], A[0:4], B[0:4])
+            T.writes(C[0])
+            C[0] += T.call_pure_extern("__dp4a", A.vload([0], "int8x4"), B.vload([0], "int8x4"), T.int32(0),
+                                       dtype="int32")
+
+    TensorIntrin.register(DP4A_S8, desc, impl, override=True)
+
+
+# ---- int8 tensor cores: ldmatrix + mma.sync m16n8k32, the layouts of TVM's `mma_*_i8*` intrinsics ----------
+# A warp holds a 16x32 int8 operand tile as 32 threads x 16 bytes and a 16x16 int32 accumulator tile as 32
+# threads x 8 values; these maps say which thread and which of its values hold element (i, j).
+
+
+def ldmatrix_16x32(i: Any, j: Any) -> tuple[Any, Any]:
+    """(thread, value) of element (i, j) of a 16x32 int8 operand tile (A row-major, B stored (N, K))."""
+    return 4 * (i % 8) + (j % 16) // 4, 8 * (j // 16) + (i // 8) * 4 + j % 4
+
+
+def accumulator_16x16(i: Any, j: Any) -> tuple[Any, Any]:
+    """(thread, value) of element (i, j) of a 16x16 int32 accumulator tile."""
+    return 4 * (i % 8) + (j % 8) // 2, 4 * (j // 8) + (i // 8) * 2 + j % 2
+
+
+def _register_ldmatrix(name: str, operand: str) -> None:
+    """16x32 int8 tile, shared -> warp registers, with one `ldmatrix.x4` (A: rows m, B: rows n; both k-contiguous)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    rows, cols, width = 16, 32, 16  # width: int8 values each thread holds
+
+    def row_offset(tx: Any, stride: Any) -> Any:  # the shared-memory element each thread points ldmatrix at
+        if operand == "A":
+            return stride * (tx % 16) + 16 * (tx // 16)
+        return stride * 8 * (tx // 16) + (tx % 8) * stride + 16 * ((tx % 16) // 8)
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (rows, cols), "int8", align=64, offset_factor=cols, scope="shared")
+        warp = T.match_buffer(warp_handle, (32, width), "int8", align=64, offset_factor=cols, scope="local")
+        with T.sblock("root"):
+            T.reads(shared[0:rows, 0:cols])
+            T.writes(warp[0:32, 0:width])
+            for ax0, ax1 in T.grid(rows, cols):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    T.reads(shared[v0, v1])
+                    thread, value = T.meta_var(ldmatrix_16x32(v0, v1))
+                    T.writes(warp[thread, value])
+                    warp[thread, value] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_handle, (rows, cols), "int8", align=64, offset_factor=cols, scope="shared",
+                                strides=[s0, s1])
+        warp = T.match_buffer(warp_handle, (32, width), "int8", align=64, offset_factor=cols, scope="local")
+        with T.sblock("root"):
+            T.reads(shared[0:rows, 0:cols])
+            T.writes(warp[0:32, 0:width])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.ldmatrix(False, 4, ".b16", warp.data, warp.elem_offset,
+                                                 shared.access_ptr("r"), row_offset(tx, s0), dtype="int8"))
+
+    TensorIntrin.register(name, desc, impl, override=True)
+
+
+def _register_mma() -> None:
+    """C(16x16, s32) += A(16x32, s8) x B(16x32 stored (N, K), s8)^T: two `mma.sync.m16n8k32` per call."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    width, width_out = 16, 8
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, width), "int8", align=64, offset_factor=32, scope="local")
+        B = T.match_buffer(b, (32, width), "int8", align=64, offset_factor=32, scope="local")
+        C = T.match_buffer(c, (32, 1, 1, width_out), "int32", align=64, offset_factor=1, scope="warp")
+        with T.sblock("root"):
+            T.reads(C[0:32, 0, 0, 0:width_out], A[0:32, 0:width], B[0:32, 0:width])
+            T.writes(C[0:32, 0, 0, 0:width_out])
+            for i, j, k in T.grid(16, 16, 32):
+                with T.sblock("C"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    tc, lc = T.meta_var(accumulator_16x16(vi, vj))
+                    ta, la = T.meta_var(ldmatrix_16x32(vi, vk))
+                    tb, lb = T.meta_var(ldmatrix_16x32(vj, vk))
+                    T.reads(C[tc, 0, 0, lc], A[ta, la], B[tb, lb])
+                    T.writes(C[tc, 0, 0, lc])
+                    C[tc, 0, 0, lc] = C[tc, 0, 0, lc] + T.Cast("int32", A[ta, la]) * T.Cast("int32", B[tb, lb])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (32, width), "int8", align=64, offset_factor=32, scope="local")
+        B = T.match_buffer(b, (32, width), "int8", align=64, offset_factor=32, scope="local")
+        s0 = T.int32()
+        s1 = T.int32()
+        s2 = T.int32()
+        C = T.match_buffer(c, (32, 1, 1, width_out), "int32", align=64, offset_factor=1, scope="warp",
+                           strides=[s0, s1, s2, 1])
+        with T.sblock("root"):
+            T.reads(C[0:32, 0, 0, 0:width_out], A[0:32, 0:width], B[0:32, 0:width])
+            T.writes(C[0:32, 0, 0, 0:width_out])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                for half in T.unroll(2):  # n = 0..7, then 8..15
+                    T.evaluate(T.ptx_legacy.mma(
+                        "m16n8k32", "row", "col", "int8", "int8", "int32",
+                        A.data, A.elem_offset,
+                        B.data, B.elem_offset + half * (width // 2),
+                        C.data, C.elem_offset + half * (width_out // 2),
+                        False, dtype="int32"))
+
+    TensorIntrin.register(MMA_S8, desc, impl, override=True)
+
+
+def mma_fill(lane_values: int) -> str:
+    """A zero fill of one 16x16 accumulator tile that, in fact, zeroes all `lane_values` accumulators each lane
+    holds (every tile of its warp). Redundant per tile, but it tells TVM's warp-memory lowering how many values
+    each lane owns, so the accumulators become plain registers; nvcc drops the repeated stores."""
+    name = f"autotune_mma_fill_s32_lane{lane_values}"
+    if name not in _loaded:
+        _register_mma_fill(name, lane_values)
+        _loaded.add(name)
+    return name
+
+
+def _register_mma_fill(name: str, lane_values: int) -> None:
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(c: T.handle) -> None:
+        C = T.match_buffer(c, (32, 1, 1, 8), "int32", offset_factor=1, scope="warp")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:32, 0, 0, 0:8])
+            for i0, i1 in T.grid(16, 16):
+                with T.sblock("C_init"):
+                    i, j = T.axis.remap("SS", [i0, i1])
+                    lane, value = T.meta_var(accumulator_16x16(i, j))
+                    T.reads()
+                    T.writes(C[lane, 0, 0, value])
+                    C[lane, 0, 0, value] = T.int32(0)
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        s2 = T.int32()
+        C = T.match_buffer(c, (32, 1, 1, 8), "int32", offset_factor=1, scope="warp", strides=[s0, s1, s2, 1])
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:32, 0, 0, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.cuda.mma_fill_legacy(lane_values, C.data, 0, dtype="int32"))
+
+    TensorIntrin.register(name, desc, impl, override=True)
+
+
+_REGISTER: dict[str, Callable[[], None]] = {
+    VNNI_16x4: _register_vnni,
+    AVX2_8x2: _register_avx2,
+    DP4A_S8: _register_dp4a,
+    LDMATRIX_A_S8: partial(_register_ldmatrix, LDMATRIX_A_S8, "A"),
+    LDMATRIX_B_S8: partial(_register_ldmatrix, LDMATRIX_B_S8, "B"),
+    MMA_S8: _register_mma,
+}
+
+
 def ensure(name: str) -> str:
     """Register intrinsic `name` in this process if needed; returns the name for `sch.tensorize`."""
     if name not in _loaded:
-        if name == VNNI_16x4:
-            _register_vnni()
-        elif name == AVX2_8x2:
-            _register_avx2()
-        else:
+        if name not in _REGISTER:
             raise KeyError(f"unknown intrinsic {name!r}")
+        _REGISTER[name]()
         _loaded.add(name)
     return name
 

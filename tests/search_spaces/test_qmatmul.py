@@ -1,6 +1,8 @@
 """The quantized-matmul template against exact PyTorch arithmetic, for random configs of its space."""
 
 import random
+import re
+import shutil
 
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from autotune.build import compile_module
 from autotune.kernel import Kernel
 from autotune.task import make_task
+from gpu_build import ARCHS, assert_built_within_limits
 from search_spaces import WorkloadError
 from search_spaces import qmatmul as qm
 
@@ -131,3 +134,356 @@ def test_check_inputs_rejects_bad_tensors():
         qm.check_inputs(w, a, weight, sa, sw, torch.randn(12)[::2])
     with pytest.raises(TypeError, match="expected"):
         qm.check_inputs(w, a, weight, sa, sw)
+
+
+def test_check_inputs_accepts_one_device_of_any_kind():
+    w = qm.Workload(m=4, k=8, n=6)
+    a, weight, sa, sw, bias = qm.inputs(w)
+    qm.check_inputs(w, a.to("meta"), weight.to("meta"), sa.to("meta"), sw.to("meta"), bias.to("meta"))
+    with pytest.raises(ValueError, match="one device"):
+        qm.check_inputs(w, a, weight.to("meta"), sa, sw, bias)
+
+
+# ---- GPU (CUDA): compiled with nvcc for each architecture, never run (no GPU here) --------------------------
+SMALL = dict(m=64, k=128, n=64)
+BIG = dict(m=4096, k=1024, n=1024)  # DLRM's MLP shape the GPU defaults are chosen for
+
+
+def sample_of(task, path, rng):
+    """A random config of the task's space that takes compute path `path`."""
+    return next(c for c in (task.space.sample(rng) for _ in range(1000)) if c[qm.COMPUTE] == path)
+
+
+def one_per_path(task, seed):
+    """The default config and one sampled config per compute path of the task's space."""
+    rng = random.Random(seed)
+    paths = [k for k in task.space.knobs if k.name == qm.COMPUTE.name][0].values
+    return list(dict.fromkeys([task.space.default()] + [sample_of(task, path, rng) for path in paths]))
+
+
+def kernel_source(task, cfg):
+    """The CUDA C TVM generates for `cfg`: compiled in this process, where TVM keeps CUDA as source."""
+    import tvm
+
+    (device_module,) = tvm.compile(task.lower(cfg), target=task.device.target()).mod.imports
+    source = device_module.inspect_source("")
+    return source[source.index('extern "C" __global__'):]  # the kernel, without TVM's helper header
+
+
+def test_gpu_space_defaults_to_tensor_cores_with_a_large_tiling():
+    for arch in ARCHS:
+        task = make_task("qmatmul", f"cuda:{arch}", **BIG)
+        cfg = task.space.default()
+        assert cfg[qm.COMPUTE] == "mma" and cfg[qm.PREFETCH] and cfg[qm.VECTOR_BYTES] == 16
+        assert (cfg[qm.BLOCK_M], cfg[qm.BLOCK_N], cfg[qm.WARP_M], cfg[qm.WARP_N]) == (128, 128, 64, 64)
+        assert cfg[qm.BLOCK_K] in (32, 64)
+    weight_only = make_task("qmatmul", "cuda:sm_90", mode="weight_only", **BIG).space
+    (compute,) = [k for k in weight_only.knobs if k.name == qm.COMPUTE.name]
+    assert compute.values == ("plain",)  # fp32 activations: no int8 instruction applies
+
+
+def test_gpu_space_offers_tensor_cores_from_sm_80_and_dp4a_from_sm_61():
+    from autotune.targets import GpuSpec, gpu_device
+
+    def paths(arch):
+        target = gpu_device(GpuSpec(card="test", arch=arch, sms=1)).target()
+        return {c[qm.COMPUTE] for c in qm.space(qm.Workload(m=16, k=32, n=16), target)}
+
+    assert paths("sm_60") == {"plain"}
+    assert paths("sm_75") == {"dp4a", "plain"}
+    assert paths("sm_80") == paths("sm_90") == {"mma", "dp4a", "plain"}
+
+
+def test_gpu_sampled_configs_respect_threads_and_shared_memory_by_construction():
+    """Threads, shared memory and accumulator registers recomputed here from the tile sizes, for configs
+    sampled at DLRM's shape."""
+    for arch in ARCHS:
+        task = make_task("qmatmul", f"cuda:{arch}", **BIG)
+        target = task.device.target()
+        max_threads = int(target.attrs["max_threads_per_block"])
+        max_shared = int(target.attrs["max_shared_memory_per_block"])
+        rng = random.Random(3)
+        for cfg in (task.space.sample(rng) for _ in range(300)):
+            bm, bn, bk = cfg[qm.BLOCK_M], cfg[qm.BLOCK_N], cfg[qm.BLOCK_K]
+            if cfg[qm.COMPUTE] == "mma":
+                threads = 32 * (bm // cfg[qm.WARP_M]) * (bn // cfg[qm.WARP_N])
+                shared = (bm + bn) * (bk + 16)
+            else:
+                threads = (bm // cfg[qm.THREAD_M]) * (bn // cfg[qm.THREAD_N])
+                shared = bm * (bk + cfg[qm.VECTOR_BYTES]) + bn * bk
+            assert 32 <= threads <= max_threads, cfg
+            assert shared <= max_shared, cfg
+            assert bm * bn <= int(target.attrs["registers_per_block"]) // 2, cfg  # accumulators, one register each
+
+
+def test_gpu_default_big_config_compiles_within_limits(gpu_builder):
+    task = make_task("qmatmul", "cuda:sm_90", **BIG)
+    (built,) = gpu_builder.build(task, [task.space.default()])
+    assert built.error_kind is None, built.error
+    assert_built_within_limits(task, [built])
+    (kernel,) = built.usage
+    assert kernel.threads == 128 and kernel.spill_bytes == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_every_compute_path_builds_within_limits(gpu_builder, arch):
+    task = make_task("qmatmul", f"cuda:{arch}", **SMALL)
+    configs = one_per_path(task, seed=len(arch))
+    assert {c[qm.COMPUTE] for c in configs} == {"mma", "dp4a", "plain"}
+    weight_only = make_task("qmatmul", f"cuda:{arch}", mode="weight_only", relu=True, **SMALL)
+    for t, cfgs in ((task, configs), (weight_only, one_per_path(weight_only, seed=1))):
+        built = gpu_builder.build(t, cfgs)
+        assert [b.error_kind for b in built] == [None] * len(built), [(b.config, b.error) for b in built]
+        assert_built_within_limits(t, built)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_int8_paths_use_their_instructions(arch):
+    task = make_task("qmatmul", f"cuda:{arch}", **SMALL)
+    mma = kernel_source(task, task.space.default())
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in mma and "ldmatrix.sync.aligned" in mma
+    dp4a = kernel_source(task, sample_of(task, "dp4a", random.Random(0)))
+    assert re.search(r"__dp4a\(", dp4a) and "mma.sync" not in dp4a
+
+
+def test_gpu_pack_and_kernel_args_follow_the_inputs_device():
+    w = qm.Workload(m=5, k=40, n=24, relu=True)
+    task = make_task("qmatmul", "cuda:sm_90", workload=w)
+    tensors = qm.inputs(w, seed=0)
+    for path in ("mma", "dp4a"):
+        cfg = sample_of(task, path, random.Random(0))
+        mp, kp, np_ = qm.padded(w, cfg)
+        meta = [t.to("meta") for t in tensors]
+        (packed,) = qm.pack(w, cfg, meta[1])
+        args, out = qm.kernel_args(w, cfg, (packed,), *meta)
+        assert all(a.device.type == "meta" for a in args) and out.shape == (w.m, w.n)
+        assert args[-1].shape == (mp, np_) and args[0].shape == (mp, kp)
+        (cpu_packed,) = qm.pack(w, cfg, tensors[1])
+        if path == "mma":  # (N, K) as stored, zero-padded
+            assert cpu_packed.shape == (np_, kp)
+            unpacked = cpu_packed
+        else:  # (K/4, N*4): each channel's k..k+3 side by side
+            assert cpu_packed.shape == (kp // 4, np_ * 4)
+            unpacked = cpu_packed.view(kp // 4, np_, 4).permute(1, 0, 2).reshape(np_, kp)
+        assert torch.equal(unpacked[: w.n, : w.k], tensors[1])
+        assert not unpacked[w.n:].any() and not unpacked[:, w.k:].any()
+
+
+# ---- the generated CUDA C, run on the CPU ----------------------------------------------------------------
+# No GPU here, so what the kernels compute is checked by emulation: each CUDA thread of a block is a fiber
+# (ucontext) and __syncthreads ends its turn. Warp-wide instructions (ldmatrix, mma.sync, shuffles) post each
+# lane's operands, meet at a barrier, and compute every lane's result as the PTX ISA defines it, so the
+# layouts the tensor-core path relies on are checked against the ISA, not against themselves.
+_EMU_PRELUDE = r"""
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <ucontext.h>
+#include <vector>
+using std::max;
+using std::min;
+struct Dim3 { int x, y, z; };
+static Dim3 threadIdx, blockIdx;
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+static float2 make_float2(float x, float y) { return {x, y}; }
+static int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+static int2 make_int2(int x, int y) { return {x, y}; }
+#define __global__
+#define __launch_bounds__(n)
+#define __restrict__
+#define uint unsigned int
+static ucontext_t emu_scheduler;
+static std::vector<ucontext_t> emu_fibers;
+static std::vector<int> emu_state;  // 0 running, 1 at a barrier, 2 done
+static std::vector<uint32_t> emu_slots;  // 16 words a thread, for warp-wide instructions
+static std::vector<const char*> emu_ptrs;
+static int emu_current;
+static void __syncthreads() { emu_state[emu_current] = 1; swapcontext(&emu_fibers[emu_current], &emu_scheduler); }
+static uint32_t* emu_slot(int t) { return &emu_slots[16 * t]; }
+static unsigned __activemask() { return 0xffffffffu; }
+template <class T> static T __shfl_sync(unsigned, T v, int lane, int width) {
+  int t = emu_current, base = t - t % 32;
+  std::memcpy(emu_slot(t), &v, sizeof(T));
+  __syncthreads();
+  T r;
+  std::memcpy(&r, emu_slot(base + (t % 32) / width * width + lane % width), sizeof(T));
+  __syncthreads();
+  return r;
+}
+static int __dp4a(int a, int b, int c) {
+  for (int i = 0; i < 4; ++i) c += int(int8_t(a >> (8 * i))) * int(int8_t(b >> (8 * i)));
+  return c;
+}
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8q..8q+7 give the row addresses of matrix q; lane l
+// receives, in register q, the 4 bytes at column pair (l % 4) of row l / 4 of matrix q.
+static void emu_ldmatrix_x4(uint32_t* r0, uint32_t* r1, uint32_t* r2, uint32_t* r3, const char* addr) {
+  int t = emu_current, lane = t % 32, base = t - lane;
+  emu_ptrs[t] = addr;
+  __syncthreads();
+  uint32_t* r[4] = {r0, r1, r2, r3};
+  for (int q = 0; q < 4; ++q) std::memcpy(r[q], emu_ptrs[base + 8 * q + lane / 4] + 4 * (lane % 4), 4);
+  __syncthreads();
+}
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (PTX ISA fragment layouts; g = lane / 4, q = lane % 4):
+// a0..a3: A rows g, g+8, g, g+8 at k 4q..4q+3 (a0, a1) or 16+4q.. (a2, a3); b0, b1: B column g at k 4q..
+// or 16+4q..; c0..c3 and d0..d3: rows g, g, g+8, g+8 at columns 2q, 2q+1.
+static int8_t emu_byte(int lane_base, int lane, int reg, int k) {
+  return int8_t(emu_slot(lane_base + lane)[reg] >> (8 * (k % 4)));
+}
+static void emu_mma_m16n8k32(uint32_t* d0, uint32_t* d1, uint32_t* d2, uint32_t* d3, uint32_t a0, uint32_t a1, uint32_t a2,
+                             uint32_t a3, uint32_t b0, uint32_t b1, int c0, int c1, int c2, int c3) {
+  int t = emu_current, lane = t % 32, base = t - lane, g = lane / 4, q = lane % 4;
+  uint32_t in[10] = {a0, a1, a2, a3, b0, b1, uint32_t(c0), uint32_t(c1), uint32_t(c2), uint32_t(c3)};
+  std::memcpy(emu_slot(t), in, sizeof(in));
+  __syncthreads();
+  int d[4];
+  for (int i = 0; i < 4; ++i) {
+    int row = g + 8 * (i / 2), col = 2 * q + i % 2, acc = int(emu_slot(t)[6 + i]);
+    for (int k = 0; k < 32; ++k) {
+      int a = emu_byte(base, 4 * (row % 8) + (k % 16) / 4, (row / 8) + 2 * (k / 16), k);
+      int b = emu_byte(base, 4 * col + (k % 16) / 4, 4 + k / 16, k);
+      acc += a * b;
+    }
+    d[i] = acc;
+  }
+  __syncthreads();
+  *d0 = uint32_t(d[0]); *d1 = uint32_t(d[1]); *d2 = uint32_t(d[2]); *d3 = uint32_t(d[3]);
+}
+"""
+_EMU_LAUNCHER = r"""
+static void emu_fiber(int t) { emu_kernel(); emu_state[t] = 2; }
+extern "C" int emu_launch(int grid, int block_x, int block_y) {
+  const int block = block_x * block_y;
+  const size_t stack = 256 << 10;
+  std::vector<char> stacks(stack * block);
+  emu_fibers.resize(block); emu_state.resize(block); emu_slots.resize(16 * block); emu_ptrs.resize(block);
+  for (int bx = 0; bx < grid; ++bx) {
+    for (int t = 0; t < block; ++t) {
+      getcontext(&emu_fibers[t]);
+      emu_fibers[t].uc_stack.ss_sp = stacks.data() + stack * t;
+      emu_fibers[t].uc_stack.ss_size = stack;
+      emu_fibers[t].uc_link = &emu_scheduler;
+      makecontext(&emu_fibers[t], (void (*)())emu_fiber, 1, t);
+      emu_state[t] = 0;
+    }
+    for (int done = 0; done < block;) {
+      for (int t = 0; t < block; ++t) {
+        if (emu_state[t] == 2) continue;
+        emu_state[t] = 0; emu_current = t; blockIdx.x = bx;
+        threadIdx.x = t % block_x; threadIdx.y = t / block_x; threadIdx.z = 0;
+        swapcontext(&emu_scheduler, &emu_fibers[t]);
+      }
+      done = std::count(emu_state.begin(), emu_state.end(), 2);
+      if (done && done < block) return 1;  // some threads ended while others wait at a barrier
+    }
+  }
+  return 0;
+}
+"""
+
+
+def _split_top(text, sep):
+    """`text` split at `sep` outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def _emulated_asm(source):
+    """Inline PTX -> calls of the emulator's functions (operands as they are: outputs by address)."""
+    calls = {"ldmatrix.sync.aligned.m8n8.x4.shared.b16": "emu_ldmatrix_x4",
+             "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32": "emu_mma_m16n8k32"}
+    out, pos = [], 0
+    for m in re.finditer(r"__asm__ __volatile__\(", source):
+        end, depth = m.end(), 1
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        template, outputs, inputs = (_split_top(source[m.end():end - 1], ":") + [""])[:3]
+        (instruction,) = [name for name in calls if name in template]  # no other PTX is expected
+        operand = re.compile(r'"=?r"\((.*)\)', re.S)
+        args = [f"(uint32_t*)&({operand.match(o.strip()).group(1)})" for o in _split_top(outputs, ",")]
+        args += [operand.match(i.strip()).group(1) for i in _split_top(inputs, ",") if i.strip()]
+        out += [source[pos:m.start()], f"{calls[instruction]}({', '.join(args)})"]
+        pos = end
+    return "".join(out + [source[pos:]])
+
+
+def emulate_cuda(source, grid, block, args):
+    """Run the one kernel of TVM-generated CUDA C (`kernel_source`) on the CPU: `block` = (x, y) threads,
+    `args` the CPU tensors for the kernel's `<name>_ptr` parameters."""
+    import ctypes
+    import subprocess
+    import tempfile
+
+    (head, name, params), = re.findall(r'(extern "C" __global__ void __launch_bounds__\(\d+\) (\w+))\(([^)]*)\)\s*\{',
+                                      source)
+    params = [p.strip().replace("__restrict__ ", "") for p in params.split(",")]
+    names = [p.rsplit(" ", 1)[1].removesuffix("_ptr") for p in params]
+    assert set(names) == set(args), (names, sorted(args))
+    kernel = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", _emulated_asm(source))
+    kernel = kernel.replace("unsigned int addr = __cvta_generic_to_shared(", "const char* addr = (const char*)(")
+    globals_ = "".join(f"static {p.rsplit(' ', 1)[0]} emu_{n};\n" for p, n in zip(params, names))
+    setters = "".join(f'extern "C" void emu_set_{n}(void* p) {{ emu_{n} = ({p.rsplit(" ", 1)[0]})p; }}\n'
+                      for p, n in zip(params, names))
+    code = (_EMU_PRELUDE + kernel + globals_ + f"static void emu_kernel() {{ {name}("
+            + ", ".join(f"emu_{n}" for n in names) + "); }\n" + _EMU_LAUNCHER + setters)
+    with tempfile.TemporaryDirectory(prefix="cuda-emu-") as tmp:
+        src, lib = f"{tmp}/kernel.cc", f"{tmp}/kernel.so"
+        with open(src, "w") as f:
+            f.write(code)
+        subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-o", lib, src], check=True)
+        so = ctypes.CDLL(lib)
+        for n in names:
+            assert args[n].is_contiguous() and args[n].device.type == "cpu"
+            getattr(so, f"emu_set_{n}")(ctypes.c_void_p(args[n].data_ptr()))
+        assert so.emu_launch(grid, *block) == 0, "a __syncthreads is not reached by every thread of a block"
+
+
+def run_emulated(task, cfg, tensors):
+    """The kernel's output for reference-order `tensors`, computed by emulating its CUDA C."""
+    w = task.workload
+    args, out = task.kernel_args(cfg, task.pack(cfg, tensors), tensors)
+    names = ["A", "Wp", "a_scale", "w_scale", "bias"] if w.mode == "int8" else ["A", "Wp", "w_scale", "bias"]
+    named = dict(zip(names[:len(args) - 1], args[:-1]), Y=args[-1])
+    mp, _, np_ = qm.padded(w, cfg)
+    if cfg[qm.COMPUTE] == "mma":
+        block = (32, (cfg[qm.BLOCK_M] // cfg[qm.WARP_M]) * (cfg[qm.BLOCK_N] // cfg[qm.WARP_N]))
+    else:
+        block = (cfg[qm.BLOCK_N] // cfg[qm.THREAD_N], cfg[qm.BLOCK_M] // cfg[qm.THREAD_M])
+    emulate_cuda(kernel_source(task, cfg), (mp // cfg[qm.BLOCK_M]) * (np_ // cfg[qm.BLOCK_N]), block, named)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+@pytest.mark.parametrize("fields, changes", [
+    # tensor cores: the default (one 64x64 warp), four warps with prefetching off, one K slice of 128
+    (dict(m=64, k=128, n=64, relu=True),
+     [{}, dict(warp_m=32, warp_n=32, block_k=32, prefetch=False, vector_bytes=8),
+      dict(warp_m=32, warp_n=32, block_k=128)]),
+    # shapes that are not whole tiles, several blocks; dp4a and plain register tiles
+    (dict(m=40, k=100, n=72), [dict(block_m=16, block_n=32, warp_m=16, warp_n=16, block_k=32, vector_bytes=8),
+                               dict(compute="dp4a", block_m=16, block_n=32, thread_m=2, thread_n=4,
+                                    block_k=32, vector_bytes=4, warp_m=64, warp_n=64),
+                               dict(compute="plain", block_m=32, block_n=16, thread_m=4, thread_n=1,
+                                    block_k=32, vector_bytes=4, prefetch=False, warp_m=64, warp_n=64)]),
+    (dict(m=24, k=40, n=20, mode="weight_only", bias=False), [{}, dict(thread_m=4, thread_n=2, block_k=32, vector_bytes=8)]),
+], ids=["mma", "ragged-all-paths", "weight-only"])
+def test_cuda_kernels_match_the_reference_when_emulated(fields, changes):
+    task = make_task("qmatmul", "cuda:sm_90", **fields)
+    w = task.workload
+    tensors = qm.inputs(w, seed=4)
+    ref = qm.reference(w, *tensors)
+    rtol, atol = qm.tolerance(w)
+    for change in changes:
+        cfg = task.space.make({**task.space.default().to_json(), **change})
+        torch.testing.assert_close(run_emulated(task, cfg, tensors), ref, rtol=rtol, atol=atol, msg=str(cfg))
