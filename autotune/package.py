@@ -39,6 +39,10 @@ def write_support_files(out: Path, ops: Iterable[str], gpu: bool) -> None:
     (out / "lib").mkdir(parents=True, exist_ok=True)
     for name in runtime.RUNTIME_LIBS[: 2 if gpu else 1]:
         shutil.copy2(os.path.join(tvm_lib_dir(), name), out / "lib" / name)
+    if gpu and (cudart := _cudart()) is not None:
+        # TVM's CUDA runtime links the CUDA runtime of the toolkit it was built with; the device may have
+        # another (or only PyTorch's). The runtime is redistributable: it travels with the kernels.
+        shutil.copy2(cudart, out / "lib" / os.path.basename(cudart))
     shutil.copy2(runtime.__file__, out / "autotune_runtime.py")
     src = Path(search_spaces.__file__).parent
     shutil.rmtree(out / "search_spaces", ignore_errors=True)
@@ -52,6 +56,22 @@ def write_support_files(out: Path, ops: Iterable[str], gpu: bool) -> None:
             for i in range(1, len(parts)):
                 out.joinpath(*parts[:i], "__init__.py").touch()
             shutil.copy2(module_file, dest / f"{parts[-1]}.py")
+
+
+def _cudart() -> str | None:
+    """The libcudart that libtvm_runtime_cuda.so names (libcudart.so.13 for TVM 0.27's wheel), if installed."""
+    import subprocess
+
+    needed = subprocess.run(["readelf", "-d", os.path.join(tvm_lib_dir(), runtime.RUNTIME_LIBS[1])],
+                            capture_output=True, text=True).stdout
+    name = next((w.strip("[]") for w in needed.split() if w.startswith("[libcudart")), None)
+    if name is None:
+        return None
+    for d in (os.environ.get("CUDA_HOME", "/usr/local/cuda"), "/usr/local/cuda"):
+        for sub in ("lib64", "lib"):
+            if os.path.exists(path := os.path.join(d, sub, name)):
+                return path
+    return None
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -76,10 +96,13 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def export(records: Iterable[Any], out: str | Path, builder: Any = None) -> dict[str, Any]:
+def export(records: Iterable[Any], out: str | Path, builder: Any = None,
+           speedups: dict[tuple[str, str, str], float] | None = None) -> dict[str, Any]:
     """Compile each record's config and write a package; returns the manifest.
 
-    `records` are the best records to ship (one per op, workload and device).
+    `records` are the best records to ship (one per op, workload and device). `speedups` (by record task:
+    op, workload key, device) are the kernels' speed-ups over PyTorch where measured (`autotune export
+    --bench`); the manifest holds null for the others.
     """
     import tvm
 
@@ -103,7 +126,8 @@ def export(records: Iterable[Any], out: str | Path, builder: Any = None) -> dict
             shutil.move(built.lib, out / "kernels" / name)
             entries.append({"file": f"kernels/{name}", "op": rec.op, "workload": rec.workload,
                             "workload_key": rec.workload_key, "device": rec.device, "target": rec.target,
-                            "config": rec.config, "latency_s": rec.latency})
+                            "config": rec.config, "latency_s": rec.latency,
+                            "speedup_vs_torch": (speedups or {}).get(rec.task)})
     finally:
         if own:
             builder.close()

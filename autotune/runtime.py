@@ -10,6 +10,7 @@ The local runner uses the same code, so a candidate is checked and timed alike o
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import statistics
 import time
@@ -44,6 +45,9 @@ def load_runtime(lib_dir: str | None = None, cuda: bool = False) -> None:
         raise RuntimeUnavailable("TVM's runtime is not loaded; give the directory of libtvm_runtime.so")
     ffi_dir = os.path.join(os.path.dirname(tvm_ffi.__file__), "lib")
     ctypes.CDLL(os.path.join(ffi_dir, "libtvm_ffi.so"), ctypes.RTLD_GLOBAL)
+    if cuda:  # the CUDA runtime the package carries, so the device's toolkit version does not matter
+        for path in sorted(glob.glob(os.path.join(lib_dir, "libcudart.so.*"))):
+            ctypes.CDLL(path, ctypes.RTLD_GLOBAL)
     for name in RUNTIME_LIBS[: 2 if cuda else 1]:
         path = os.path.join(lib_dir, name)
         if path in _LOADED or (name == RUNTIME_LIBS[0] and runtime_loaded()):

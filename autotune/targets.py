@@ -43,7 +43,7 @@ class GpuSpec:
         return int(digits[:-1]), int(digits[-1])
 
 
-# Datasheet figures. sm_90 is the H200 (H100 SXM has the same limits and 3.35 TB/s); sm_89 the L40S.
+# Datasheet figures. sm_90 is the H200 (H100 SXM: same limits, 50 MB L2, 3.35 TB/s); sm_89 the L40S.
 GPUS: dict[str, GpuSpec] = {
     "sm_80": GpuSpec(card="A100-SXM4-80GB", arch="sm_80", sms=108, shared_memory_optin=163 * 1024,
                      l2_bytes=40 << 20, bandwidth=2.039e12, peak_fp32=19.5e12, peak_int8_tc=624e12,
@@ -51,7 +51,7 @@ GPUS: dict[str, GpuSpec] = {
     "sm_89": GpuSpec(card="L40S", arch="sm_89", sms=142, shared_memory_optin=99 * 1024, l2_bytes=96 << 20,
                      bandwidth=864e9, peak_fp32=91.6e12, peak_int8_tc=733e12, peak_int8_dp4a=366e12),
     "sm_90": GpuSpec(card="H200-SXM", arch="sm_90", sms=132, shared_memory_optin=227 * 1024,
-                     l2_bytes=50 << 20, bandwidth=4.8e12, peak_fp32=67e12, peak_int8_tc=1979e12,
+                     l2_bytes=60 << 20, bandwidth=4.8e12, peak_fp32=67e12, peak_int8_tc=1979e12,
                      peak_int8_dp4a=134e12),
 }
 

@@ -3,6 +3,14 @@
     python benchmarks/gpu_check.py prepare gpu_check/ --candidates 8   # here: nvcc-compiled batches
     python gpu_check/check.py                                          # there: PyTorch + apache-tvm-ffi
 
+With the `device` tool's H200 (torch and nvcc, no TVM, no apache-tvm-ffi; about 4.5 MB travels):
+    echo /gpu_check/ >> .git/info/exclude; echo /.whl/ >> .git/info/exclude
+    python benchmarks/gpu_check.py prepare gpu_check --candidates 8
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d .whl apache-tvm-ffi==0.1.14.post1
+    run(carry=["gpu_check", ".whl"], command="python3 -m pip install -q --no-index --no-deps --target /tmp/site
+        .whl/*.whl && PYTHONPATH=/tmp/site python3 gpu_check/check.py 2>&1 | tee $OUT/gpu_check.log")
+
 `prepare` writes one offline batch per operator at the DLRM shapes (the default config plus random ones of
 the GPU space) with TVM's runtime libraries. `check.py` (a copy of this file) measures every batch with the
 offline runner's script (each candidate checked against PyTorch on the GPU before it is timed, L2 flushed

@@ -604,7 +604,7 @@ def reference(w: Workload, *tensors: Any) -> Any:
 
 
 def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
-    """PyTorch's fastest CPU paths for the same arithmetic, prepared outside the timed call."""
+    """PyTorch's fastest paths for the same arithmetic (fbgemm's on CPU only), prepared outside the timed call."""
     import torch
 
     out: dict[str, Callable[[], Any]] = {}
@@ -626,6 +626,8 @@ def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
 
     if w.m > 16 and w.k % 8 == 0 and w.n % 8 == 0:
         out["torch._int_mm + epilogue"] = int_mm
+    if a.device.type != "cpu":
+        return out
     try:  # fbgemm's quantized linear: u8 activations (one scale), per-channel s8 weights, u8 output
         warnings.filterwarnings("ignore", message=".*quantize_per_.*deprecated", category=UserWarning)
         torch.backends.quantized.engine = "fbgemm"

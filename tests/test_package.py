@@ -55,3 +55,13 @@ def test_reading_a_broken_package_is_a_clear_error(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": 99}))
     with pytest.raises(ValueError, match="package format 99"):
         read_manifest(tmp_path)
+
+
+def test_gpu_packages_carry_cubins_and_the_cuda_runtime(tmp_path):
+    task = make_task("embedding_bag", "cuda:sm_90", rows=100, dim=32, batch=8, pooling=(0, 5))
+    rec = task.record(task.space.default(), costs=(2e-6,), error_kind=None, error=None, build_s=0.1)
+    (entry,) = export([rec], tmp_path / "pkg")["kernels"]
+    lib = tmp_path / "pkg" / "lib"
+    assert entry["device"] == "cuda:sm_90"
+    assert (lib / "libtvm_runtime_cuda.so").exists() and list(lib.glob("libcudart.so.*"))
+    assert b".nv.info" in (tmp_path / "pkg" / entry["file"]).read_bytes()  # a compiled cubin, not CUDA source
