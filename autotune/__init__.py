@@ -29,13 +29,24 @@ __all__ = ["Kernel", "NoTunedKernel", "Task", "Timing", "TuneResult", "kernel", 
 
 
 def tune(op: str, device: str = "cpu", *, log: str | Path, trials: int = 64, strategy: str = "xgb",
-         seed: int = 0, shape: str | None = None, progress: bool = True, **workload: Any) -> TuneResult:
+         seed: int = 0, shape: str | None = None, progress: bool = True, runner: Any = None,
+         **workload: Any) -> TuneResult:
     """Tune one operator for one device; every measurement is appended to `log`.
 
     The workload is given either as `shape="rows=...,dim=..."` (the CLI's text) or as keyword fields.
+    `runner` is the CLI's `--runner` text ("local", "offline:DIR", "rpc://HOST:PORT/KEY") or a runner object.
     """
     task = make_task(op, device, shape=shape, **workload)
-    return _tune(task, trials=trials, log=log, strategy=strategy, seed=seed, progress=progress)
+    if not isinstance(runner, str):
+        return _tune(task, trials=trials, log=log, strategy=strategy, seed=seed, progress=progress, runner=runner)
+    from .tuner import make_runner
+
+    made = make_runner(runner)
+    try:
+        return _tune(task, trials=trials, log=log, strategy=strategy, seed=seed, progress=progress, runner=made)
+    finally:
+        if made is not None:
+            made.close()  # type: ignore[attr-defined]
 
 
 def kernel(op: str, device: str = "cpu", *, log: str | Path | list[str | Path] | None = None,

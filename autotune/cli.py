@@ -11,14 +11,18 @@ from typing import Sequence
 import search_spaces
 from search_spaces import InvalidConfig, UnknownOperator, WorkloadError
 
-USER_ERRORS = (UnknownOperator, WorkloadError, InvalidConfig, FileNotFoundError, LookupError, ValueError)
+from autotune.rpc import RPCUnavailable
+
+USER_ERRORS = (UnknownOperator, WorkloadError, InvalidConfig, FileNotFoundError, LookupError, ValueError,
+               RPCUnavailable)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autotune", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("list", help="operators, their workload fields and knobs")
+    ls = sub.add_parser("list", help="operators, their workload fields and knobs")
+    ls.add_argument("--device", default="cpu", help="whose knobs to show: cpu, cuda:sm_90, ...")
 
     def task_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("op", help="operator name (see `autotune list`)")
@@ -36,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--early-stopping", type=int, default=None, help="stop after N trials without improvement")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--runner", default="local",
-                   help="local (this machine's CPU or GPU) or offline:DIR (write batches to DIR, measured there "
-                        "by `python DIR/measure.py`)")
+                   help="local (this machine's CPU or GPU), offline:DIR (write batches to DIR, measured there "
+                        "by `python DIR/measure.py`) or rpc://HOST:PORT/KEY (the servers registered under KEY at "
+                        "a TVM RPC tracker, in parallel)")
     t.add_argument("--dry-run", action="store_true",
                    help="build the first --trials candidates and show them; measure nothing, write no log")
 
@@ -54,31 +59,37 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--log", required=True, action="append", help="log(s) to take the best kernels from")
     ex.add_argument("--out", required=True, help="package directory to write")
     ex.add_argument("--device", action="append", help="only these devices (default: all in the logs)")
+    ex.add_argument("--bench", action="store_true",
+                    help="time each kernel of this machine's devices against PyTorch (as `autotune bench`) and "
+                         "record the speed-up in the manifest (null without it)")
+
+    r = sub.add_parser("rpc", help="device farms through TVM's RPC tracker")
+    rsub = r.add_subparsers(dest="rpc_command", required=True)
+    rs = rsub.add_parser("status", help="servers, and per key how many are free and how many requests wait")
+    rs.add_argument("--tracker", required=True, help="HOST:PORT of the tracker")
+    rv = rsub.add_parser("server", help="serve this machine's device to a tracker (TVM's RPC server, kept "
+                                        "serving after a candidate crashes its session)")
+    rv.add_argument("--tracker", required=True, help="HOST:PORT of the tracker")
+    rv.add_argument("--key", required=True, help="device kind, the KEY of rpc://HOST:PORT/KEY")
+    rv.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    rv.add_argument("--port", type=int, default=9090, help="first port to try")
+    rv.add_argument("--port-end", type=int, default=9199, help="last port to try")
+    rv.add_argument("--custom-addr", help="address to report to the tracker (if not the one it sees)")
     return p
 
 
-def _list() -> None:
+def _list(device: str) -> None:
     from autotune.targets import resolve
 
-    target = resolve("cpu").target()
+    dev = resolve(device)
+    target = dev.target()
     for name in search_spaces.names():
         tpl = search_spaces.get(name)
         print(f"{name}: {tpl.DOC}")
         print("  --shape keys: " + ", ".join(tpl.Workload.shape_keys()))
-        print(f"  knobs on {target.attrs['mcpu']} (for --shape {tpl.EXAMPLE_SHAPE}):")
+        print(f"  knobs on {dev.name} (for --shape {tpl.EXAMPLE_SHAPE}):")
         for line in tpl.space(tpl.Workload.from_shape(tpl.EXAMPLE_SHAPE), target).describe():
             print(f"    {line}")
-
-
-def _runner(spec: str) -> object | None:
-    if spec == "local":
-        return None
-    kind, _, where = spec.partition(":")
-    if kind == "offline" and where:
-        from autotune.offline import OfflineRunner
-
-        return OfflineRunner(where)
-    raise ValueError(f"unknown runner {spec!r}; expected local or offline:DIR")
 
 
 def _dry_run(args: argparse.Namespace, task: object) -> None:
@@ -95,16 +106,21 @@ def _dry_run(args: argparse.Namespace, task: object) -> None:
 
 def _tune(args: argparse.Namespace) -> None:
     from autotune.task import make_task
-    from autotune.tuner import tune
+    from autotune.tuner import make_runner, tune
 
     task = make_task(args.op, args.device, shape=args.shape)
     if args.dry_run:
         return _dry_run(args, task)
     if not args.log:
         raise ValueError("--log is required (or --dry-run)")
-    res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed,
-               batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
-               runner=_runner(args.runner))
+    runner = make_runner(args.runner)
+    try:
+        res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed,
+                   batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
+                   runner=runner)
+    finally:
+        if runner is not None:
+            runner.close()  # type: ignore[attr-defined]
     print(f"measured {res.measured} new configs ({res.resumed} were already in {args.log})")
     if res.best is None:
         print("no candidate ran correctly; see the error kinds in the log")
@@ -151,17 +167,50 @@ def _export(args: argparse.Namespace) -> None:
             and (b := records.best(records.for_task(recs, op, wkey, dev), op, wkey, dev)) is not None]
     if not best:
         raise LookupError("no correct records to export in " + ", ".join(args.log))
-    manifest = export(best, args.out)
+    speedups = _speedups(best, args.log) if args.bench else None
+    manifest = export(best, args.out, speedups=speedups)
     for e in manifest["kernels"]:
-        print(f"{e['file']}: {e['op']} on {e['device']} {e['workload_key']} ({e['latency_s'] * 1e3:.3f} ms)")
+        speed = f", {e['speedup_vs_torch']:.2f}x PyTorch" if e.get("speedup_vs_torch") else ""
+        print(f"{e['file']}: {e['op']} on {e['device']} {e['workload_key']} ({e['latency_s'] * 1e3:.3f} ms{speed})")
     print(f"wrote {args.out}: {len(manifest['kernels'])} kernels; runs with PyTorch + apache-tvm-ffi")
+
+
+def _speedups(best: list, logs: list[str]) -> dict[tuple[str, str, str], float]:
+    """Speed-up over PyTorch of each record whose device is this machine's (others cannot be timed here)."""
+    from autotune.bench import bench
+    from autotune.targets import UnknownDevice, resolve
+    from autotune.task import make_task
+
+    local = {"cpu": resolve("cpu").name}
+    try:
+        local["cuda"] = resolve("cuda").name
+    except UnknownDevice:
+        pass
+    out = {}
+    for rec in best:
+        if rec.device not in local.values():
+            continue
+        task = make_task(rec.op, rec.device, workload=search_spaces.get(rec.op).Workload.from_json(rec.workload))
+        out[rec.task] = bench(task, logs).speedup_vs_torch
+    return out
+
+
+def _rpc(args: argparse.Namespace) -> None:
+    from autotune import rpc
+
+    if args.rpc_command == "status":
+        print(rpc.status_text(*rpc.parse_tracker(args.tracker)))
+    else:
+        rpc.serve(args.tracker, args.key, host=args.host, port=args.port, port_end=args.port_end,
+                  custom_addr=args.custom_addr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"list": lambda: _list(), "tune": lambda: _tune(args), "best": lambda: _best(args),
-         "bench": lambda: _bench(args), "export": lambda: _export(args)}[args.command]()
+        {"list": lambda: _list(args.device), "tune": lambda: _tune(args), "best": lambda: _best(args),
+         "bench": lambda: _bench(args), "export": lambda: _export(args),
+         "rpc": lambda: _rpc(args)}[args.command]()
     except USER_ERRORS as err:
         print(f"autotune {args.command}: error: {err}", file=sys.stderr)
         return 2

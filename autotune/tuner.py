@@ -144,6 +144,22 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     return result
 
 
+def make_runner(spec: str) -> Any:
+    """A runner from its text: `local` (None: the tuner's own), `offline:DIR` or `rpc://HOST:PORT/KEY`."""
+    if spec == "local":
+        return None
+    kind, _, where = spec.partition(":")
+    if kind == "offline" and where:
+        from .offline import OfflineRunner
+
+        return OfflineRunner(where)
+    if kind == "rpc":
+        from .rpc import RPCRunner
+
+        return RPCRunner(spec)
+    raise ValueError(f"unknown runner {spec!r}; expected local, offline:DIR or rpc://HOST:PORT/KEY")
+
+
 def dry_run(task: Task, trials: int, seed: int = 0, builder: Builder | None = None) -> list[Built]:
     """Build (but never run) the configs a tuning run would start with: the default, then random ones.
 

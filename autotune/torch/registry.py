@@ -1,0 +1,322 @@
+"""Kernel packages loaded into this process, and which kernel serves a call of a given shape.
+
+A kernel is compiled for some workload fields (embedding dimension, mode, index dtype...: its "signature") and
+is valid either for any size along one dimension (embedding-bag and interaction kernels take the batch as a
+runtime value) or for exactly the tuned size (qmatmul's M). A call's signature selects the kernels that can run
+it; its size selects among them: the exact bucket, else the nearest one, or for fixed-size kernels a plan of
+row chunks, each padded up to a bucket (and a batch above the largest bucket split into chunks of it).
+
+Only TVM's runtime is needed (`autotune.runtime`, tvm_ffi): loading a package never imports the TVM compiler,
+except to name this machine's CPU when TVM happens to be installed (CPU kernels tuned for another CPU model are
+not loaded: they may use instructions this one lacks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import search_spaces
+from search_spaces.space import Config
+
+from .. import runtime
+from ..package import read_manifest
+
+__all__ = ["Chunk", "LoadedKernel", "Package", "Registry", "REGISTRY", "device_key", "load", "load_default"]
+
+DEFAULT_ENV = "AUTOTUNE_KERNELS"  # os.pathsep-separated package directories loaded on first use
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How an operator's kernels are matched to calls: compiled-in fields, and the size that may vary."""
+
+    signature: Callable[[Any], tuple[Any, ...]]  # workload -> fields compiled into the kernel
+    size: Callable[[Any], int]  # workload -> the tuned size along the bucketed dimension
+    any_size: bool  # True: one kernel runs any size; False: exactly its tuned size (pad or split)
+
+
+SPECS: dict[str, OpSpec] = {
+    "embedding_bag": OpSpec(
+        signature=lambda w: (w.dim, w.mode, w.index_dtype, w.per_sample_weights, w.padding_idx,
+                             w.include_last_offset),
+        size=lambda w: w.batch, any_size=True),
+    "interaction": OpSpec(signature=lambda w: (w.tables, w.dim, w.self_interaction, w.mode),
+                          size=lambda w: w.batch, any_size=True),
+    "qmatmul": OpSpec(signature=lambda w: (w.k, w.n, w.mode, w.bias, w.relu), size=lambda w: w.m, any_size=False),
+}
+
+
+def _config(raw: dict[str, Any]) -> Config:
+    return Config(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in raw.items()))
+
+
+def _version(t: Any) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter (and cannot change outside it)
+        return -1
+
+
+class LoadedKernel:
+    """One exported kernel, callable with the template's reference-order tensors for its workload."""
+
+    def __init__(self, entry: dict[str, Any], func: Any, package: Path):
+        self.op: str = entry["op"]
+        self.template = search_spaces.get(self.op)
+        self.workload = self.template.Workload.from_json(entry["workload"])
+        self.config = _config(entry["config"])
+        self.device: str = entry["device"]
+        self.on_gpu = self.device.startswith("cuda")
+        self.latency_s: float | None = entry.get("latency_s")
+        self.speedup_vs_torch: float | None = entry.get("speedup_vs_torch")
+        self.file = package / entry["file"]
+        self.func = func
+        spec = SPECS[self.op]
+        self.signature = spec.signature(self.workload)
+        self.size = spec.size(self.workload)
+        # packed weights per weight tensor: (weak refs to the weights, packed tensors); see `_pack`
+        self._packs: dict[tuple[Any, ...], tuple[list[Any], tuple[Any, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def _pack(self, tensors: Sequence[Any]) -> tuple[Any, ...]:
+        """The config's packed weights, made once per weight tensor and redone when it changes.
+
+        Keyed by storage, version counter and shape, and valid while the tensor that was packed is alive: a new
+        tensor that happens to reuse a freed address is packed anew, an in-place update bumps the version.
+        """
+        positions = self.template.WEIGHTS
+        if not positions:
+            return ()
+        weights = [tensors[i] for i in positions]
+        key = tuple((t.data_ptr(), _version(t), tuple(t.shape), t.dtype, t.device) for t in weights)
+        with self._lock:
+            hit = self._packs.get(key)
+            if hit is not None and all(ref() is not None for ref in hit[0]):
+                return hit[1]
+            packed = tuple(self.template.pack(self.workload, self.config, *weights))
+            self._packs = {k: v for k, v in self._packs.items() if all(ref() is not None for ref in v[0])}
+            self._packs[key] = ([weakref.ref(t) for t in weights], packed)
+            return packed
+
+    def __call__(self, *tensors: Any) -> Any:
+        """Run on reference-order tensors that fit this kernel (the caller has checked them)."""
+        args, out = self.template.kernel_args(self.workload, self.config, self._pack(tensors), *tensors)
+        if self.on_gpu:
+            import torch
+
+            with torch.cuda.device(out.device):
+                runtime.call(self.func, args, on_gpu=True)
+        else:
+            self.func(*args)
+        return out
+
+    def describe(self) -> str:
+        speed = f", {self.speedup_vs_torch:.2f}x PyTorch" if self.speedup_vs_torch else ""
+        lat = f"{self.latency_s * 1e3:.3f} ms" if self.latency_s else "untimed"
+        return f"{self.op} on {self.device} {self.workload.key()} ({lat}{speed})"
+
+    def __repr__(self) -> str:
+        return f"LoadedKernel({self.describe()})"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [start, stop) of a call run by `kernel` (zero-padded up to its tuned size when shorter)."""
+
+    kernel: LoadedKernel
+    start: int
+    stop: int
+
+
+@dataclass
+class Package:
+    """A kernel package loaded into this process: its kernels, and the entries that were not loaded (and why)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    kernels: list[LoadedKernel] = field(default_factory=list)
+    skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"{self.path}: {len(self.kernels)} kernels loaded, {len(self.skipped)} skipped"]
+        lines += [f"  {k.describe()}" for k in self.kernels]
+        lines += [f"  skipped {e['op']} on {e['device']}: {why}" for e, why in self.skipped]
+        return "\n".join(lines)
+
+
+def device_key(device: Any) -> str:
+    """The kernel device a tensor's device runs: "cpu", or "cuda:sm_XY" of that GPU."""
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return _cuda_key(device.index if device.index is not None else _current_cuda())
+    return device.type
+
+
+def _current_cuda() -> int:
+    import torch
+
+    return torch.cuda.current_device()
+
+
+_CUDA_KEYS: dict[int, str] = {}
+
+
+def _cuda_key(index: int) -> str:
+    if index not in _CUDA_KEYS:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(index)
+        _CUDA_KEYS[index] = f"cuda:sm_{major}{minor}"
+    return _CUDA_KEYS[index]
+
+
+def host_cpu() -> str | None:
+    """`cpu:<LLVM name>` of this machine when TVM is installed to ask, else None (unknown: trust the package)."""
+    if importlib.util.find_spec("tvm") is None:
+        return None
+    from ..targets import host_cpu as llvm_cpu
+
+    try:
+        return f"cpu:{llvm_cpu()}"
+    except ImportError:  # a broken or partial TVM install: as if there were none
+        return None
+
+
+class Registry:
+    """Every loaded kernel, indexed by (op, device, signature), with the plan for each call size cached."""
+
+    def __init__(self) -> None:
+        self.packages: list[Package] = []
+        self._by_signature: dict[tuple[str, str, tuple[Any, ...]], list[LoadedKernel]] = {}
+        self._plans: dict[tuple[Any, ...], list[Chunk] | None] = {}
+        self._lock = threading.Lock()
+
+    def add(self, package: Package) -> None:
+        with self._lock:
+            self.packages.append(package)
+            for k in package.kernels:
+                dev = "cpu" if k.device.startswith("cpu") else k.device
+                bucket = self._by_signature.setdefault((k.op, dev, k.signature), [])
+                # a later package's kernel for the same size replaces the earlier one
+                bucket[:] = [b for b in bucket if b.size != k.size] + [k]
+                bucket.sort(key=lambda b: b.size)
+            self._plans.clear()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.packages.clear()
+            self._by_signature.clear()
+            self._plans.clear()
+
+    def kernels(self, op: str, device: str, signature: tuple[Any, ...]) -> list[LoadedKernel]:
+        return self._by_signature.get((op, device, signature), [])
+
+    def plan(self, op: str, device: str, signature: tuple[Any, ...], size: int) -> list[Chunk] | None:
+        """Chunks that run a call of `size` along the bucketed dimension, or None if no kernel fits."""
+        key = (op, device, signature, size)
+        if key not in self._plans:
+            if len(self._plans) > 4096:  # serving traffic brings many batch sizes: keep the cache bounded
+                self._plans.clear()
+            self._plans[key] = make_plan(self.kernels(op, device, signature), size, SPECS[op].any_size)
+        return self._plans[key]
+
+
+def make_plan(kernels: Sequence[LoadedKernel], size: int, any_size: bool) -> list[Chunk] | None:
+    """The exact bucket; else, for kernels valid at any size, the nearest bucket (ties: the larger); for
+    fixed-size kernels, the smallest bucket that holds the call (padded), or chunks of the largest bucket with
+    the rest padded up to the smallest bucket that holds it."""
+    if not kernels or size < 1:
+        return None
+    by_size = sorted(kernels, key=lambda k: k.size)
+    exact = [k for k in by_size if k.size == size]
+    if exact:
+        return [Chunk(exact[0], 0, size)]
+    if any_size:
+        nearest = min(reversed(by_size), key=lambda k: abs(k.size - size))
+        return [Chunk(nearest, 0, size)]
+    chunks = []
+    largest = by_size[-1]
+    start = 0
+    while size - start > largest.size:
+        chunks.append(Chunk(largest, start, start + largest.size))
+        start += largest.size
+    rest = next(k for k in by_size if k.size >= size - start)
+    chunks.append(Chunk(rest, start, size))
+    return chunks
+
+
+REGISTRY = Registry()
+
+
+def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
+    """Load a kernel package written by `autotune export` and make its kernels serve `torch.ops.autotune.*`.
+
+    CPU kernels are loaded only if tuned for this machine's CPU model (`cpu` names another to accept, e.g.
+    "cpu:sapphirerapids", or "any"); CUDA kernels only where PyTorch sees a GPU. Entries not loaded are listed
+    in `Package.skipped`, with the reason. Kernels of a later package replace those of an earlier one for the
+    same operator, signature and size.
+    """
+    import torch
+
+    from . import ops  # noqa: F401  (the operators exist once a package is loaded)
+
+    path = Path(path)
+    manifest = read_manifest(path)
+    has_cpu = any(str(e.get("device", "")).startswith("cpu") for e in manifest.get("kernels", []))
+    want_cpu = cpu if cpu is not None else host_cpu() if has_cpu else None
+    cuda = torch.cuda.is_available()
+    pkg = Package(path=path, manifest=manifest)
+    usable = []
+    for entry in manifest.get("kernels", []):
+        dev = entry.get("device", "")
+        if entry.get("op") not in SPECS:
+            pkg.skipped.append((entry, "no PyTorch operator for it"))
+        elif dev.startswith("cpu") and want_cpu not in (None, "any", dev):
+            pkg.skipped.append((entry, f"tuned for {dev}, this machine is {want_cpu}"))
+        elif dev.startswith("cuda") and not cuda:
+            pkg.skipped.append((entry, "PyTorch sees no CUDA GPU"))
+        elif not (dev.startswith("cpu") or dev.startswith("cuda")):
+            pkg.skipped.append((entry, f"unknown device {dev!r}"))
+        else:
+            usable.append(entry)
+    gpu = [e for e in usable if e["device"].startswith("cuda")]
+    if gpu:
+        try:
+            runtime.load_runtime(str(path / "lib"), cuda=True)
+        except runtime.RuntimeUnavailable as err:  # e.g. no libcuda: the CPU kernels still load
+            pkg.skipped += [(e, f"TVM's CUDA runtime: {err}") for e in gpu]
+            usable = [e for e in usable if e not in gpu]
+    if usable:
+        runtime.load_runtime(str(path / "lib"), cuda=False)
+    for entry in usable:
+        func = runtime.load_function(str(path / entry["file"]))
+        pkg.kernels.append(LoadedKernel(entry, func, path))
+    if pkg.skipped:
+        warnings.warn(f"autotune: {len(pkg.skipped)} of {len(manifest.get('kernels', []))} kernels in {path} not "
+                      f"loaded: " + "; ".join(f"{e.get('op')} on {e.get('device')}: {why}" for e, why in pkg.skipped),
+                      stacklevel=2)
+    REGISTRY.add(pkg)
+    return pkg
+
+
+_DEFAULT_LOADED = False
+
+
+def load_default() -> list[Package]:
+    """Load the packages named by $AUTOTUNE_KERNELS (directories separated by os.pathsep), once per process.
+
+    The operators call this before their first dispatch, so setting the variable is enough to use a package.
+    """
+    global _DEFAULT_LOADED
+    if _DEFAULT_LOADED:
+        return []
+    _DEFAULT_LOADED = True
+    return [load(p) for p in os.environ.get(DEFAULT_ENV, "").split(os.pathsep) if p.strip()]

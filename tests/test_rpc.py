@@ -1,0 +1,199 @@
+"""The RPC runner against a real TVM tracker and two servers on loopback: tuning, a server killed mid-run,
+a candidate that crashes its session, status, and the user's errors."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune import records
+from autotune.build import Builder
+from autotune.cli import main
+from autotune.measure import Timing
+from autotune.rpc import Farm, RPCRunner, parse_tracker, servers, tracker_summary
+from autotune.task import make_task
+from autotune.tuner import tune
+
+FAST = Timing(number=2, repeat=3, min_repeat_ms=1)
+KEY = "loopback"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Farm2:
+    """A tracker, a stock TVM server (`plain`) and an `autotune rpc server` (`sturdy`), each its own process group."""
+
+    def __init__(self, tmp):
+        self.tracker_port, self.plain_port, self.sturdy_port = free_port(), free_port(), free_port()
+        py = sys.executable
+        tracker = f"127.0.0.1:{self.tracker_port}"
+        self.procs = {
+            "tracker": [py, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port),
+                        "--port-end", str(self.tracker_port + 1), "--silent"],
+            "plain": [py, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", KEY, "--host", "127.0.0.1",
+                      "--port", str(self.plain_port), "--port-end", str(self.plain_port + 1)],
+            "sturdy": [py, "-m", "autotune.cli", "rpc", "server", "--tracker", tracker, "--key", KEY,
+                       "--host", "127.0.0.1", "--port", str(self.sturdy_port), "--port-end", str(self.sturdy_port + 1)],
+        }
+        self.logs = {name: open(tmp / f"{name}.log", "w") for name in self.procs}
+        self.popen = {}
+        self.popen["tracker"] = self._start("tracker")
+        time.sleep(1.0)  # the servers' first connection attempt should find the tracker listening
+        for name in ("plain", "sturdy"):
+            self.popen[name] = self._start(name)
+
+    def _start(self, name):
+        return subprocess.Popen(self.procs[name], stdout=self.logs[name], stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def wait_for(self, n, timeout=120.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if len(servers(tracker_summary("127.0.0.1", self.tracker_port), KEY)) >= n:
+                    return
+            except ConnectionError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{n} servers did not register: " + self.log_tail())
+
+    def log_tail(self):
+        out = []
+        for name, f in self.logs.items():
+            f.flush()
+            out.append(f"--- {name}\n" + open(f.name).read()[-1500:])
+        return "\n".join(out)
+
+    def kill(self, name):
+        """The whole process group: the server, its worker and any session process, as a machine dying would."""
+        p = self.popen[name]
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # also when the leader is gone: its worker may live on
+        except ProcessLookupError:
+            pass
+        p.wait(10)
+
+    def url(self):
+        return f"rpc://127.0.0.1:{self.tracker_port}/{KEY}"
+
+    def close(self):
+        for name in ("plain", "sturdy", "tracker"):
+            self.kill(name)
+        for f in self.logs.values():
+            f.close()
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    f = Farm2(tmp_path_factory.mktemp("farm"))
+    try:
+        f.wait_for(2)
+        yield f
+    finally:
+        f.close()
+
+
+def test_runner_urls_and_tracker_addresses_are_parsed_or_refused():
+    assert Farm.parse("rpc://10.0.0.7:9190/h100") == Farm("10.0.0.7", 9190, "h100")
+    assert Farm.parse("rpc://gpu-farm/a100") == Farm("gpu-farm", 9190, "a100")
+    for bad in ("rpc://host:9190", "rpc://:9190/k", "tcp://host:1/k", "rpc://host:port/k", "rpc://h:1/a/b"):
+        with pytest.raises(ValueError, match="rpc://HOST:PORT/KEY"):
+            Farm.parse(bad)
+    assert parse_tracker("127.0.0.1:9191") == ("127.0.0.1", 9191)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_tracker("127.0.0.1:x")
+
+
+def test_an_unreachable_tracker_is_one_line_and_exit_2(tmp_path, capsys):
+    port = free_port()  # nothing listens there
+    rc = main(["tune", "templates.faulty", "--shape", "n=8", "--trials", "2", "--log", str(tmp_path / "l.jsonl"),
+               "--runner", f"rpc://127.0.0.1:{port}/{KEY}", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"cannot reach the RPC tracker at 127.0.0.1:{port}" in err[0]
+    assert not (tmp_path / "l.jsonl").exists()
+    assert main(["rpc", "status", "--tracker", f"127.0.0.1:{port}"]) == 2
+    assert main(["tune", "templates.faulty", "--shape", "n=8", "--log", str(tmp_path / "l.jsonl"),
+                 "--runner", "rpc://127.0.0.1/"]) == 2
+
+
+def test_status_shows_the_servers_per_key(farm, capsys):
+    assert main(["rpc", "status", "--tracker", f"127.0.0.1:{farm.tracker_port}"]) == 0
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == [KEY])
+    assert row[1:3] == ["2", "2"], out  # two servers, both free
+    assert f"127.0.0.1:{farm.plain_port}" in out and f"127.0.0.1:{farm.sturdy_port}" in out
+
+
+def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
+    """The stock server dies as its candidate is sent; that candidate is measured on the other server, the run
+    finishes, and the log holds every trial exactly once."""
+    task = make_task("embedding_bag", "cpu", rows=200, dim=8, batch=16, pooling=(1, 6))
+    log, said, dispatched = tmp_path / "eb.jsonl", [], []
+
+    def on_dispatch(server, cfg):
+        dispatched.append(server[1])
+        if server[1] == farm.plain_port and len(dispatched) >= 3 and "killed" not in said:
+            said.append("killed")
+            farm.kill("plain")
+
+    runner = RPCRunner(farm.url(), FAST, timeout=60, say=said.append, on_dispatch=on_dispatch)
+    try:
+        res = tune(task, trials=8, log=log, batch_size=4, runner=runner, timing=FAST, progress=False, seed=1)
+    finally:
+        runner.close()
+    recs = list(records.load(log))
+    print("\n".join(f"{r.config_key}: {r.error_kind or 'ok'}" for r in recs))
+    print("\n".join(said))
+    assert "killed" in said, f"no candidate was sent to the stock server: {dispatched}"
+    assert any("went away" in s for s in said)  # its in-flight candidate was measured again elsewhere
+    assert res.measured == 8 and len(recs) == 8
+    assert len({r.config_key for r in recs}) == 8  # every trial once
+    assert not [r for r in recs if r.error_kind in ("crash", "timeout")], [r.error for r in recs]
+    assert res.best is not None
+    assert servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY) == [("127.0.0.1", farm.sturdy_port)]
+
+
+def test_a_crashing_candidate_is_recorded_and_its_server_serves_on(farm):
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    cfgs = [c for c in task.space if c.as_dict()["fault"] != "hang"]
+    runner = RPCRunner(farm.url(), FAST, timeout=60, say=lambda msg: None)
+    try:
+        with Builder(workers=2) as builder:
+            out = runner.measure(task, builder.build(task, cfgs))
+    finally:
+        runner.close()
+    kinds = {(m.built.config.as_dict()["fault"], m.built.config.as_dict()["lanes"]): m for m in out}
+    assert kinds[("crash", 1)].error_kind == "crash" and "still up" in kinds[("crash", 1)].error
+    assert kinds[("wrong", 4)].error_kind == "wrong"
+    assert kinds[("none", 1)].error_kind is None and len(kinds[("none", 1)].costs) == 3
+    assert ("127.0.0.1", farm.sturdy_port) in servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY)
+
+
+def test_gpu_timing_flushes_l2_before_every_call_and_folds_calls_into_repeats():
+    """No GPU here: TVM's time_evaluator is faked to check what the remote GPU path asks of it."""
+    from types import SimpleNamespace
+
+    from autotune.rpc import _time_remote
+
+    asked = []
+
+    class Module:
+        def time_evaluator(self, name, dev, number=10, repeat=1, min_repeat_ms=0, cache_flush_bytes=0):
+            asked.append((number, repeat, min_repeat_ms, cache_flush_bytes))
+            return lambda *args: SimpleNamespace(results=[1e-5 * (1 + i % 2) for i in range(repeat)])
+
+    task = make_task("embedding_bag", "cuda:sm_90", rows=200, dim=8, batch=16, pooling=(1, 6))
+    costs = _time_remote(task, Module(), None, [], Timing(number=3, repeat=5, min_repeat_ms=1))
+    flush = 2 * task.device.gpu.l2_bytes
+    assert all(number == 1 and bytes_ == flush for number, _, _, bytes_ in asked)  # one call per flush
+    calls = asked[1][1] // 5
+    assert asked[1][1] == calls * 5 and calls >= 3 and len(costs) == 5
+    assert all(1e-5 <= c <= 2e-5 for c in costs)

@@ -1,0 +1,448 @@
+"""autotune.torch: custom operators, dispatch and fallback, validation, drop-in modules, optimize.
+
+One small package (default configs, not tuned) is exported once for the module; each test loads it afresh.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autotune.torch as at
+import search_spaces
+from autotune.package import export, read_manifest
+from autotune.task import make_task
+from autotune.torch import registry
+
+EB, INTER, QMM = torch.ops.autotune.embedding_bag, torch.ops.autotune.interaction, torch.ops.autotune.qmatmul
+KERNELS = [
+    ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5))),
+    ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5), per_sample_weights=True)),
+    ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5), mode="mean", index_dtype="int32",
+                           padding_idx=0, include_last_offset=True)),
+    ("interaction", dict(batch=8, tables=3, dim=8)),
+    ("qmatmul", dict(m=8, k=32, n=16)),
+    ("qmatmul", dict(m=32, k=32, n=16)),
+    ("qmatmul", dict(m=8, k=32, n=16, relu=True)),
+]
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pkg")
+    tasks = [make_task(op, "cpu", **fields) for op, fields in KERNELS]
+    recs = [t.record(t.space.default(), costs=(1e-5,)) for t in tasks]
+    manifest = export(recs, out, speedups={recs[0].task: 1.5})
+    assert [e["speedup_vs_torch"] for e in manifest["kernels"]][:2] == [1.5, None]
+    return out
+
+
+@pytest.fixture()
+def pkg(package):
+    """The package loaded, with a call counter on each kernel (to tell a kernel run from a fallback)."""
+    at.unload_all()
+    loaded = at.load(package)
+    for k in loaded.kernels:
+        k.calls = 0
+
+        def counting(*args, _k=k, _f=k.func):
+            _k.calls += 1
+            return _f(*args)
+
+        k.func = counting
+    yield loaded
+    at.unload_all()
+
+
+def calls(pkg, op, **fields):
+    return sum(k.calls for k in pkg.kernels if k.op == op and all(getattr(k.workload, f) == v
+                                                                   for f, v in fields.items()))
+
+
+def bags(batch, rows=50, dtype=torch.int64, seed=0, last=False):
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(0, 6, (batch,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    indices = torch.randint(0, rows, (int(offsets[-1]),), generator=g)
+    return indices.to(dtype), (offsets if last else offsets[:-1]).to(dtype)
+
+
+def qmm_inputs(m, k=32, n=16, seed=0):
+    w = search_spaces.get("qmatmul").Workload(m=m, k=k, n=n)
+    return search_spaces.get("qmatmul").inputs(w, seed)
+
+
+class _errors_on_fallback(warnings.catch_warnings):
+    """A fallback inside is an error: the test means the kernel to run."""
+
+    def __enter__(self):
+        super().__enter__()
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+
+
+# ---- operators against their references ------------------------------------------------------------------
+def test_each_op_matches_its_reference_in_eager_and_compiled_mode(pkg):
+    weight = torch.randn(50, 8)
+    idx, off = bags(13)
+    x, ly = torch.randn(13, 8), torch.randn(13, 3, 8)
+    a, wq, a_s, w_s, bias = qmm_inputs(8)
+
+    def f(weight, idx, off, x, ly, a, wq, a_s, w_s, bias):
+        return EB(weight, idx, off), INTER(x, ly), QMM(a, wq, a_s, w_s, bias)
+
+    refs = (F.embedding_bag(idx, weight, off, mode="sum"),
+            search_spaces.get("interaction").reference(
+                search_spaces.get("interaction").Workload(batch=13, tables=3, dim=8), x, ly),
+            search_spaces.get("qmatmul").reference(search_spaces.get("qmatmul").Workload(m=8, k=32, n=16),
+                                                   a, wq, a_s, w_s, bias))
+    args = (weight, idx, off, x, ly, a, wq, a_s, w_s, bias)
+    with _errors_on_fallback():
+        for out, ref in zip(f(*args), refs):
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for out, ref in zip(torch.compile(f, fullgraph=True)(*args), refs):
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert calls(pkg, "embedding_bag") == calls(pkg, "interaction") == calls(pkg, "qmatmul") == 2
+
+
+@pytest.mark.parametrize("op", ["embedding_bag", "embedding_bag_weighted", "interaction", "qmatmul"])
+def test_opcheck(pkg, op):
+    if op.startswith("embedding_bag"):
+        idx, off = bags(9)
+        psw = torch.rand(idx.shape, requires_grad=True) if op.endswith("weighted") else None
+        args, kernel = (torch.randn(50, 8, requires_grad=True), idx, off, psw), EB.default
+    elif op == "interaction":
+        args, kernel = (torch.randn(7, 8, requires_grad=True), torch.randn(7, 3, 8, requires_grad=True)), INTER.default
+    else:
+        args, kernel = qmm_inputs(20), QMM.default
+    with _errors_on_fallback():
+        torch.library.opcheck(kernel, args)
+    assert calls(pkg, op.removesuffix("_weighted")) > 0
+
+
+def test_embedding_bag_options_run_their_kernels(pkg):
+    weight = torch.randn(50, 8)
+    idx, off = bags(11)
+    psw = torch.rand(idx.shape)
+    idx32, off32 = bags(11, dtype=torch.int32, last=True)
+    idx32[::3] = 0  # padding rows: excluded from the sum and from the count of the mean
+    with _errors_on_fallback():
+        torch.testing.assert_close(EB(weight, idx, off, psw),
+                                   F.embedding_bag(idx, weight, off, mode="sum", per_sample_weights=psw))
+        torch.testing.assert_close(EB(weight, idx32, off32, None, "mean", True, 0),
+                                   F.embedding_bag(idx32, weight, off32, mode="mean", include_last_offset=True,
+                                                   padding_idx=0))
+        torch.testing.assert_close(EB(weight, idx32, off32, None, "mean", True, -50),  # the same row, counted back
+                                   F.embedding_bag(idx32, weight, off32, mode="mean", include_last_offset=True,
+                                                   padding_idx=0))
+    assert calls(pkg, "embedding_bag", per_sample_weights=True) == 1
+    assert calls(pkg, "embedding_bag", mode="mean") == 2
+
+
+# ---- dispatch: buckets and fallback --------------------------------------------------------------------------
+@pytest.mark.parametrize("m, sizes", [(8, [8]), (5, [8]), (20, [32]), (32, [32]), (75, [32, 32, 32])])
+def test_qmatmul_runs_the_bucket_that_fits_padded_or_split(pkg, m, sizes):
+    a, wq, a_s, w_s, bias = qmm_inputs(m, seed=m)
+    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False), m)
+    assert [c.kernel.size for c in plan] == sizes and plan[-1].stop == m
+    with _errors_on_fallback():
+        out = QMM(a, wq, a_s, w_s, bias)
+    ref = search_spaces.get("qmatmul").reference(search_spaces.get("qmatmul").Workload(m=m, k=32, n=16),
+                                                 a, wq, a_s, w_s, bias)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_split_leaves_the_smallest_bucket_for_the_rest(pkg):
+    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False), 70)
+    assert [(c.kernel.size, c.start, c.stop) for c in plan] == [(32, 0, 32), (32, 32, 64), (8, 64, 70)]
+
+
+def test_batch_between_buckets_runs_the_nearest_kernel_of_any_size_ops(pkg):
+    weight = torch.randn(200, 8)  # rows, batch and bag sizes are runtime values of the embedding-bag kernel
+    idx, off = bags(300, rows=200)
+    with _errors_on_fallback():
+        torch.testing.assert_close(EB(weight, idx, off), F.embedding_bag(idx, weight, off, mode="sum"))
+    assert calls(pkg, "embedding_bag", per_sample_weights=False, mode="sum") == 1
+
+
+def test_untuned_workloads_fall_back_to_pytorch_with_one_warning_each(pkg):
+    weight, idx, off = torch.randn(50, 4), *bags(5)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.testing.assert_close(EB(weight, idx, off), F.embedding_bag(idx, weight, off, mode="sum"))
+        EB(weight, idx, off, None, "max")  # another workload: its own warning
+        a, wq, a_s, w_s, bias = qmm_inputs(8, k=24)
+        QMM(a, wq, a_s, w_s, bias)
+        INTER(torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 3, 8, dtype=torch.float64))
+    msgs = [str(w.message) for w in seen if issubclass(w.category, at.NoTunedKernelWarning)]
+    assert len(msgs) == 4, msgs
+    assert "dim=4 mode=sum" in msgs[0] and "mode=max" in msgs[1] and "k=24" in msgs[2] and "float64" in msgs[3]
+    assert sum(k.calls for k in pkg.kernels) == 0
+
+
+def test_without_packages_the_ops_compute_pytorchs_result():
+    at.unload_all()
+    x, ly = torch.randn(3, 8), torch.randn(3, 3, 8)
+    with pytest.warns(at.NoTunedKernelWarning):
+        out = INTER(x, ly, True)
+    ref = search_spaces.get("interaction").reference(
+        search_spaces.get("interaction").Workload(batch=3, tables=3, dim=8, self_interaction=True), x, ly)
+    torch.testing.assert_close(out, ref)
+
+
+# ---- validation ---------------------------------------------------------------------------------------------
+def _eb_case(case):
+    weight, (idx, off) = torch.randn(50, 8), bags(6)
+    if case == "index too large":
+        idx[0] = 50
+    elif case == "negative index":
+        idx[-1] = -1
+    elif case == "offsets[0]":
+        off[0] = 1
+    elif case == "decreasing offsets":
+        off[2], off[3] = off[3] + 1, off[2]
+    elif case == "offsets past the end":
+        off[-1] = idx.numel() + 1
+    elif case == "float indices":
+        idx = idx.float()
+    elif case == "non-contiguous weight":
+        weight = torch.randn(8, 50).t()
+    elif case == "2-D indices":
+        idx = idx[:4].view(2, 2)
+    return weight, idx, off
+
+
+@pytest.mark.parametrize("case, exc, match", [
+    ("index too large", IndexError, r"indices must be in \[0, 50\)"),
+    ("negative index", IndexError, "indices must be in"),
+    ("offsets[0]", ValueError, r"offsets\[0\] must be 0"),
+    ("decreasing offsets", ValueError, "non-decreasing"),
+    ("offsets past the end", ValueError, "exceeds the number of indices"),
+    ("float indices", TypeError, "indices must be int32 or int64"),
+    ("non-contiguous weight", ValueError, "weight must be contiguous"),
+    ("2-D indices", ValueError, "indices must be 1-D"),
+])
+def test_embedding_bag_rejects_bad_inputs_as_pytorch_does(pkg, case, exc, match):
+    args = _eb_case(case)
+    with pytest.raises(exc, match=match) as err:
+        EB(*args)
+    assert isinstance(err.value, RuntimeError)  # what F.embedding_bag raises: callers' handlers keep working
+    if case in ("index too large", "offsets[0]", "offsets past the end"):
+        with pytest.raises(RuntimeError):
+            F.embedding_bag(args[1], args[0], args[2], mode="sum")
+
+
+def test_tensors_on_two_devices_are_rejected():
+    # (a call with a meta tensor among its inputs dispatches to the fake implementation: check directly)
+    weight, (idx, off) = torch.randn(50, 8), bags(6)
+    with pytest.raises(ValueError, match="all tensors must be on one device, got weight on cpu, indices on cpu, "
+                                         "offsets on meta"):
+        at.ops.check_embedding_bag(weight, idx, off.to("meta"), None, "sum", False, None)
+
+
+def test_other_ops_reject_bad_inputs():
+    a, wq, a_s, w_s, bias = qmm_inputs(8)
+    with pytest.raises(ValueError, match="int8 activations need a_scale"):
+        QMM(a, wq, None, w_s, bias)
+    with pytest.raises(ValueError, match=r"weight must be \(n, 32\)"):
+        QMM(a, wq[:, :16].contiguous(), a_s, w_s, bias)
+    with pytest.raises(TypeError, match="w_scale must be float32"):
+        QMM(a, wq, a_s, w_s.double(), bias)
+    with pytest.raises(ValueError, match=r"ly must be \(4, tables, 8\)"):
+        INTER(torch.randn(4, 8), torch.randn(5, 3, 8))
+    with pytest.raises(TypeError, match="one dtype"):
+        INTER(torch.randn(4, 8), torch.randn(4, 3, 8, dtype=torch.float64))
+
+
+def test_validate_false_skips_the_checks(pkg, monkeypatch):
+    def fail(*args):
+        raise AssertionError("validated")
+
+    monkeypatch.setattr(at.ops, "check_embedding_bag", fail)
+    weight, (idx, off) = torch.randn(50, 8), bags(6)
+    torch.testing.assert_close(EB(weight, idx, off, validate=False), F.embedding_bag(idx, weight, off, mode="sum"))
+    with pytest.raises(AssertionError, match="validated"):
+        EB(weight, idx, off)
+
+
+def test_index_facts_on_device_match_the_cpu_path():
+    from autotune.torch.ops import _index_facts, _index_facts_device
+
+    for idx, off in [bags(7), bags(7, dtype=torch.int32, last=True), (torch.tensor([3, 1]), torch.tensor([0, 2, 1])),
+                     (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))]:
+        assert _index_facts(idx, off) == _index_facts_device(idx, off)
+
+
+def test_fake_implementations_give_shapes_on_the_meta_device():
+    meta = dict(device="meta")
+    assert EB(torch.empty(50, 8, **meta), torch.empty(30, dtype=torch.long, **meta),
+              torch.empty(6, dtype=torch.long, **meta), None, "sum", True).shape == (5, 8)
+    assert INTER(torch.empty(4, 8, **meta), torch.empty(4, 26, 8, **meta), False).shape == (4, 8 + 27 * 26 // 2)
+    assert QMM(torch.empty(4, 32, dtype=torch.int8, **meta), torch.empty(16, 32, dtype=torch.int8, **meta),
+               torch.empty(4, **meta), torch.empty(16, **meta)).shape == (4, 16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensors_fall_back_without_cuda_kernels(pkg):
+    weight, (idx, off) = torch.randn(50, 8, device="cuda"), bags(6)
+    idx, off = idx.cuda(), off.cuda()
+    with pytest.warns(at.NoTunedKernelWarning, match="on cuda:sm_"):
+        torch.testing.assert_close(EB(weight, idx, off), F.embedding_bag(idx, weight, off, mode="sum"))
+    idx[0] = 50
+    with pytest.raises(IndexError):
+        EB(weight, idx, off)
+
+
+# ---- autograd -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [dict(mode="sum"), dict(mode="sum", weighted=True),
+                                    dict(mode="mean", padding_idx=0, include_last_offset=True, dtype=torch.int32)])
+def test_embedding_bag_module_trains_like_nn_embedding_bag(pkg, kwargs):
+    dtype, weighted = kwargs.pop("dtype", torch.int64), kwargs.pop("weighted", False)
+    ref = nn.EmbeddingBag(50, 8, **kwargs)
+    mine = at.EmbeddingBag.from_pretrained(ref.weight.detach().clone(), freeze=False, **kwargs)
+    assert isinstance(mine.weight, nn.Parameter) and mine.state_dict().keys() == ref.state_dict().keys()
+    idx, off = bags(9, dtype=dtype, last=kwargs.get("include_last_offset", False))
+    psw = torch.rand(idx.shape, requires_grad=True) if weighted else None
+    psw_ref = psw.detach().clone().requires_grad_() if weighted else None
+    with _errors_on_fallback():
+        out = mine(idx, off, psw)
+    expected = ref(idx, off, psw_ref)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(mine.weight.grad, ref.weight.grad)
+    if weighted:
+        torch.testing.assert_close(psw.grad, psw_ref.grad)
+    assert calls(pkg, "embedding_bag") == 1
+
+
+def test_embedding_bag_module_takes_2d_input_and_keeps_pytorch_for_max_norm(pkg):
+    mine = at.EmbeddingBag(50, 8, mode="sum")
+    ref = nn.EmbeddingBag(50, 8, mode="sum", _weight=mine.weight.detach())
+    idx = torch.randint(0, 50, (6, 3))
+    torch.testing.assert_close(mine(idx), ref(idx))
+    assert calls(pkg, "embedding_bag") == 1
+    capped = at.EmbeddingBag(50, 8, mode="sum", max_norm=1.0)
+    capped(idx)
+    assert calls(pkg, "embedding_bag") == 1  # PyTorch's path: it renormalises the rows it read, in place
+    assert capped.weight[idx.unique()].norm(dim=1).max() <= 1.0 + 1e-5
+
+
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_interaction_backward_matches_autograd_of_the_reference(pkg, self_interaction):
+    x, ly = torch.randn(5, 8, requires_grad=True), torch.randn(5, 3, 8, requires_grad=True)
+    out = at.DotInteraction(self_interaction)(x, list(ly.unbind(1)))
+    ref = at.ops._torch_interaction(x, ly, self_interaction)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, ly), grad)
+    want = torch.autograd.grad(ref, (x, ly), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+# ---- QuantLinear, loading, optimize ------------------------------------------------------------------------------
+def test_quant_linear_from_float_quantizes_per_channel_and_per_row(pkg):
+    linear = nn.Linear(32, 16)
+    q = at.QuantLinear.from_float(linear)
+    x = torch.randn(2, 4, 32)
+    with _errors_on_fallback():
+        y = q(x)
+    assert y.shape == (2, 4, 16) and calls(pkg, "qmatmul", m=8, relu=False) == 1
+    torch.testing.assert_close(y, linear(x), rtol=0, atol=0.05)  # int8 rounding of weights and activations
+    a, s = at.quantize_rows(x.reshape(8, 32))
+    exact = (a.double() @ q.weight.double().t()).float() * s[:, None] * q.w_scale + q.bias
+    torch.testing.assert_close(y.reshape(8, 16), exact, rtol=1e-5, atol=1e-5)
+    assert not list(q.parameters()) and set(q.state_dict()) == {"weight", "w_scale", "bias"}
+
+
+def test_load_skips_kernels_of_another_cpu_and_says_why(package, tmp_path):
+    manifest = read_manifest(package)
+    for e in manifest["kernels"]:
+        e["device"] = "cpu:znver3"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(UserWarning, match="tuned for cpu:znver3"):
+        loaded = at.load(tmp_path, cpu="cpu:emeraldrapids")
+    assert not loaded.kernels and len(loaded.skipped) == len(KERNELS)
+    with pytest.raises(FileNotFoundError, match="no kernel package"):
+        at.load(tmp_path / "missing")
+    at.unload_all()
+
+
+def test_a_package_runs_without_the_tvm_compiler(package, tmp_path):
+    fake = tmp_path / "tvm"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no TVM compiler here')\n")
+    code = ("import sys, warnings, torch, autotune.torch as at\n"
+            f"pkg = at.load({str(package)!r})\n"
+            "warnings.simplefilter('error')\n"
+            "w, i, o = torch.randn(50, 8), torch.tensor([1, 2, 3]), torch.tensor([0, 1])\n"
+            "torch.testing.assert_close(torch.ops.autotune.embedding_bag(w, i, o),\n"
+            "                           torch.nn.functional.embedding_bag(i, w, o, mode='sum'))\n"
+            "print(len(pkg.kernels), 'tvm' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(len(KERNELS)), "False"]
+
+
+def test_default_package_from_the_environment(package, monkeypatch):
+    at.unload_all()
+    monkeypatch.setenv("AUTOTUNE_KERNELS", str(package))
+    monkeypatch.setattr(registry, "_DEFAULT_LOADED", False)
+    weight, (idx, off) = torch.randn(50, 8), bags(4)
+    with _errors_on_fallback():
+        EB(weight, idx, off)  # the first call loads $AUTOTUNE_KERNELS
+    assert len(at.REGISTRY.packages) == 1 and at.REGISTRY.packages[0].kernels[0].speedup_vs_torch == 1.5
+    at.unload_all()
+
+
+def test_export_bench_records_the_speedup_over_pytorch(tmp_path, capsys):
+    from autotune import records
+    from autotune.cli import main
+
+    task = make_task("embedding_bag", "cpu", rows=100, dim=8, batch=16, pooling=(1, 4))
+    records.append(tmp_path / "eb.jsonl", [task.record(task.space.default(), costs=(2e-5,))])
+    assert main(["export", "--log", str(tmp_path / "eb.jsonl"), "--out", str(tmp_path / "pkg"), "--bench"]) == 0
+    (entry,) = read_manifest(tmp_path / "pkg")["kernels"]
+    assert entry["speedup_vs_torch"] > 0 and "x PyTorch" in capsys.readouterr().out
+
+
+def _example():
+    path = Path(__file__).resolve().parent.parent / "examples" / "dlrm.py"
+    spec = importlib.util.spec_from_file_location("dlrm_example", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dlrm_example"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_optimize_swaps_the_example_models_modules_and_keeps_its_outputs(pkg):
+    dlrm = _example()
+    model = dlrm.DLRM(table_rows=(50, 40, 30), dim=8, bottom=(16,), top=(32, 16, 1)).eval()
+    optimized = __import__("copy").deepcopy(model)
+    report = at.optimize(optimized, pkg, extra={dlrm.Interaction: at.DotInteraction.from_module})
+    swapped = {s.name for s in report.swapped}
+    assert swapped == {"embeddings.0", "embeddings.1", "embeddings.2", "interaction", "top.2", "top.3"}, str(report)
+    assert {name for name, _ in report.kept} == {"bottom.0", "bottom.2", "top.0", "top.4"}
+    assert isinstance(optimized.top[2], at.QuantLinear) and optimized.top[2].relu
+    assert optimized.embeddings[0].weight is not model.embeddings[0].weight  # deepcopy: its own Parameter
+    dense, indices, offsets = dlrm.make_batch(model, 8, pooling=(0, 4))
+    with torch.inference_mode(), _errors_on_fallback():
+        torch.testing.assert_close(optimized(dense, indices, offsets), model(dense, indices, offsets),
+                                   rtol=0, atol=1e-2)
+    assert calls(pkg, "embedding_bag") == 3 and calls(pkg, "interaction") == 1 and calls(pkg, "qmatmul") == 1
+    again = at.optimize(optimized, pkg, extra={dlrm.Interaction: at.DotInteraction.from_module})
+    assert not again.swapped  # already optimized
+    quantize_off = at.optimize(__import__("copy").deepcopy(model), pkg, quantize=False)
+    assert {s.name for s in quantize_off.swapped} == {"embeddings.0", "embeddings.1", "embeddings.2"}
