@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .embedding_bag import PREFETCH_LINES, UNROLL, parse_pooling, row_indices
 from .space import Choice, Config, Constraint, InvalidConfig, Space
 from .template import Traffic, Workload as _Workload, WorkloadError
 
@@ -87,11 +88,7 @@ class Workload(_Workload):
 
     @classmethod
     def parse_pooling(cls, raw: str) -> tuple[int, int]:
-        lo, sep, hi = raw.partition("-")
-        try:
-            return (int(lo), int(hi)) if sep else (int(lo), int(lo))
-        except ValueError:
-            raise WorkloadError(f"pooling={raw!r}: expected N or MIN-MAX indices per bag") from None
+        return parse_pooling(raw)
 
     def __post_init__(self) -> None:
         self._normalise_tables()
@@ -167,16 +164,10 @@ BAGS_PER_TASK = Choice("bags_per_task", (8, 1, 2, 4, 16, 32, 64), doc=(
     "different heat across threads, large ones amortise scheduling."))
 VECTOR = Choice("vector", (8, 4, 16, 1), doc=(
     "SIMD lanes over the embedding dimension (8 fp32 = one AVX2 register); must divide the dimension."))
-UNROLL = Choice("unroll", (1, 2, 4, 8), doc=(
-    "Unrolls the pooling loop so several independent row loads are in flight: random-row gathers are "
-    "latency-bound, and overlapping misses is most of the speed."))
 PREFETCH = Choice("prefetch", (0, 4, 8, 16, 32), doc=(
     "Software-prefetch distance in rows (LLVM's prefetch intrinsic), as FBGEMM's generated kernels do: "
     "issues the miss for the row that many indices ahead. Across a table boundary the guess uses the current "
     "table's base (a wasted prefetch, never a fault). 0 disables it."))
-PREFETCH_LINES = Choice("prefetch_lines", (1, 2, 4, 8), doc=(
-    "64-byte cache lines of the future row to prefetch: a whole row costs more prefetch slots, a partial "
-    "one relies on the hardware's adjacent-line prefetcher."))
 ACCUMULATOR = Choice("accumulator", ("local", "output"), doc=(
     "Pool into a per-bag local buffer written to the output once (LLVM may keep it in registers), or "
     "accumulate in the output row directly (sum only: no copy, but stores in the loop)."))
@@ -507,18 +498,8 @@ def lower(w: Workload, cfg: Config, target: Any, bind_threads: bool = True) -> A
 
 
 # ---- data, reference, validation ---------------------------------------------------------------------
-def _zipf_indices(rows: int, n: int, exponent: float, rng: np.random.Generator) -> np.ndarray:
-    """Zipf over ranks 1..rows via the inverse CDF, hot ranks scattered over rows by a fixed permutation."""
-    cdf = np.cumsum(np.arange(1, rows + 1, dtype=np.float64) ** -exponent)
-    cdf /= cdf[-1]
-    hot = np.searchsorted(cdf, rng.random(n), side="right")
-    return rng.permutation(rows)[np.minimum(hot, rows - 1)]
-
-
 def _table_indices(w: Workload, rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    if w.distribution == "uniform":
-        return rng.integers(0, rows, size=n)
-    return _zipf_indices(rows, n, w.zipf_exponent, rng)
+    return row_indices(rows, n, w.distribution, w.zipf_exponent, rng)
 
 
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:

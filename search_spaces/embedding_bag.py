@@ -34,6 +34,15 @@ MODES = ("sum", "mean", "max")
 INDEX_DTYPES = ("int64", "int32")
 
 
+def parse_pooling(raw: str) -> tuple[int, int]:
+    """`20-80` -> (20, 80); `20` -> (20, 20): indices per bag."""
+    lo, sep, hi = raw.partition("-")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
+    except ValueError:
+        raise WorkloadError(f"pooling={raw!r}: expected N or MIN-MAX indices per bag") from None
+
+
 @dataclass(frozen=True)
 class Workload(_Workload):
     """One embedding-bag call: table shape, batch, bag sizes, index distribution and options.
@@ -59,11 +68,7 @@ class Workload(_Workload):
 
     @classmethod
     def parse_pooling(cls, raw: str) -> tuple[int, int]:
-        lo, sep, hi = raw.partition("-")
-        try:
-            return (int(lo), int(hi)) if sep else (int(lo), int(lo))
-        except ValueError:
-            raise WorkloadError(f"pooling={raw!r}: expected N or MIN-MAX indices per bag") from None
+        return parse_pooling(raw)
 
     def __post_init__(self) -> None:
         if self.distribution.startswith("zipf:"):
@@ -636,15 +641,18 @@ def _bag_sizes(w: Workload, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(lo, hi + 1, size=w.batch)
 
 
-def _indices(w: Workload, n: int, rng: np.random.Generator) -> np.ndarray:
-    if w.distribution == "uniform":
-        return rng.integers(0, w.rows, size=n)
-    # Zipf over ranks 1..rows via the inverse CDF, then scattered by a fixed permutation of rows
-    ranks = np.arange(1, w.rows + 1, dtype=np.float64)
-    cdf = np.cumsum(ranks ** -w.zipf_exponent)
+def row_indices(rows: int, n: int, distribution: str, zipf_exponent: float, rng: np.random.Generator) -> np.ndarray:
+    """n row indices, uniform or Zipf over ranks 1..rows (inverse CDF), hot ranks scattered by a permutation."""
+    if distribution == "uniform":
+        return rng.integers(0, rows, size=n)
+    cdf = np.cumsum(np.arange(1, rows + 1, dtype=np.float64) ** -zipf_exponent)
     cdf /= cdf[-1]
     hot = np.searchsorted(cdf, rng.random(n), side="right")
-    return rng.permutation(w.rows)[np.minimum(hot, w.rows - 1)]
+    return rng.permutation(rows)[np.minimum(hot, rows - 1)]
+
+
+def _indices(w: Workload, n: int, rng: np.random.Generator) -> np.ndarray:
+    return row_indices(w.rows, n, w.distribution, w.zipf_exponent, rng)
 
 
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
