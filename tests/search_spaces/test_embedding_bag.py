@@ -2,10 +2,13 @@
 
 GPU configs are checked as far as a machine without a GPU allows: they build for sm_80/sm_90 within the
 device's limits, their CUDA has no LLVM intrinsics, and their numerics are checked on the CPU twin of the
-GPU schedule (`lower_gpu_emulation`: same TVMScript and schedule, serial threads, shuffles as reads).
+GPU schedule (`lower_gpu_emulation`: same TVMScript and schedule, serial threads, shuffles as reads) and,
+for the shuffles' masks and widths that the twin cannot check, by running the generated CUDA C on the
+emulator of tests/cuda_emulator.py.
 """
 
 import random
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -15,6 +18,7 @@ import tvm
 from autotune.build import compile_module
 from autotune.targets import GPUS, gpu_device, resolve
 from autotune.task import make_task
+from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import embedding_bag as eb
@@ -256,3 +260,27 @@ def test_gpu_schedule_numerics_on_its_cpu_twin(case):
             kernel(*args)
             torch.testing.assert_close(out, eb.reference(other, *tensors), rtol=1e-5, atol=1e-5,
                                        msg=lambda m: f"{cfg} batch {batch}: {m}")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+def test_gpu_kernel_shuffling_among_the_bags_of_a_warp_matches_torch_when_emulated():
+    """The generated CUDA C itself (what the CPU twin cannot check): groups of 8 lanes, so a warp holds 4 bags
+    whose lengths differ, each group broadcasting its indices and weights by shuffles under its own mask
+    while the others take other paths (empty bags, steps past a bag's end, idle bags past the batch)."""
+    fields = dict(rows=50, dim=32, pooling=(0, 9), per_sample_weights=True, padding_idx=3)
+    task = make_task("embedding_bag", "cuda:sm_90", batch=13, **fields)
+    cfg = task.space.make({**task.space.default().to_json(), "gpu_vector": 4, "dim_threads": 8, "threads": 64,
+                           "gpu_unroll": 4, "index_prefetch": "shuffle"})
+    source = cuda_source(task, cfg)
+    assert "__shfl_sync" in source
+    grid, block = launch_dims(task.lower(cfg))
+    assert (grid, block) == ((2, 1, 1), (8, 8, 1))  # 8 bags a block: 13 bags leave 3 slots idle
+    for batch in (13, 21):  # the tuned batch, and more bags than the grid has slots (blocks loop over them)
+        w = eb.Workload(batch=batch, **fields)
+        weight, indices, offsets, psw = eb.inputs(w, seed=batch)
+        assert (offsets.diff() == 0).any(), "an empty bag"
+        out = torch.full((batch, w.dim), float("nan"))
+        emulate_cuda(source, grid, block, dict(W=weight, I=indices, Off=offsets, PSW=psw, O=out, NB=batch,
+                                               NNZ=indices.numel()))
+        torch.testing.assert_close(out, eb.reference(w, weight, indices, offsets, psw), rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"{cfg} batch {batch}: {m}")

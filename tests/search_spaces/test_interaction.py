@@ -10,6 +10,7 @@ import torch
 
 from autotune.build import compile_module
 from autotune.task import make_task
+from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import InvalidConfig, WorkloadError
 from search_spaces import interaction as it
@@ -267,7 +268,7 @@ def test_check_inputs_rejects_bad_tensors():
 
 # ---- CUDA ------------------------------------------------------------------------------------------------
 # No GPU here: kernels are built with nvcc through the build pool (limits checked by ptxas), and their
-# generated CUDA C is run on the CPU by a small emulator (below) to check what they compute.
+# generated CUDA C is run on the CPU by the emulator of tests/cuda_emulator.py to check what they compute.
 GPU_SMALL = dict(batch=64, tables=5, dim=16)
 DLRM = dict(batch=2048, tables=26, dim=128)
 
@@ -378,114 +379,6 @@ def test_cuda_kernels_match_the_reference_when_emulated(fields, batch, changes):
     for change in changes:
         cfg = task.space.make({**task.space.default().to_json(), **change})
         out = torch.full_like(ref, float("nan"))
-        mod = task.lower(cfg)
-        grid = int(re.search(r'T\.thread_binding\((\d+), thread="blockIdx\.x"\)', mod.script()).group(1))
-        emulate_cuda(cuda_source(task, cfg), grid, dict(x=x, ly=ly, out=out, B=batch))
+        grid, block = launch_dims(task.lower(cfg))
+        emulate_cuda(cuda_source(task, cfg), grid, block, dict(x=x, ly=ly, out=out, B=batch))
         close(out, ref, w, msg=str(cfg))
-
-
-def cuda_source(task, cfg) -> str:
-    """The CUDA C of a config's kernel, generated in this process (no nvcc, no driver needed)."""
-    import tvm
-
-    exe = tvm.compile(task.lower(cfg), target=task.device.target())
-    (device_module,) = exe.mod.imports
-    return device_module.inspect_source("")
-
-
-# A CUDA thread block on the CPU: each thread is a fiber (ucontext); __syncthreads ends a fiber's turn, and a
-# round runs every fiber to its next barrier. Warp shuffles exchange values through slots between two
-# barriers, so they are exact when all threads of the block shuffle together (as these kernels do).
-_EMU_PRELUDE = r"""
-#include <algorithm>
-#include <cstdint>
-#include <ucontext.h>
-#include <vector>
-using std::max;
-using std::min;
-struct Dim3 { volatile int x, y, z; };
-static Dim3 threadIdx, blockIdx;
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(8) float2 { float x, y; };
-#define __global__
-#define __launch_bounds__(n)
-#define __restrict__
-static ucontext_t emu_scheduler;
-static std::vector<ucontext_t> emu_fibers;
-static std::vector<int> emu_state;  // 0 running, 1 at a barrier, 2 done
-static std::vector<float> emu_slots;
-static int emu_current;
-static void __syncthreads() { emu_state[emu_current] = 1; swapcontext(&emu_fibers[emu_current], &emu_scheduler); }
-static float __shfl_xor_sync(unsigned, float v, int lane_mask, int width) {
-  int t = threadIdx.x, lane = t % 32;
-  emu_slots[t] = v;
-  __syncthreads();
-  float r = emu_slots[t - lane + ((lane & ~(width - 1)) | ((lane ^ lane_mask) & (width - 1)))];
-  __syncthreads();
-  return r;
-}
-"""
-_EMU_LAUNCHER = r"""
-static void emu_fiber(int t) { emu_kernel(); emu_state[t] = 2; }
-extern "C" int emu_launch(int grid, int block) {
-  const size_t stack = 64 << 10;
-  std::vector<char> stacks(stack * block);
-  emu_fibers.resize(block); emu_state.resize(block); emu_slots.resize(block);
-  for (int bx = 0; bx < grid; ++bx) {
-    for (int t = 0; t < block; ++t) {
-      getcontext(&emu_fibers[t]);
-      emu_fibers[t].uc_stack.ss_sp = stacks.data() + stack * t;
-      emu_fibers[t].uc_stack.ss_size = stack;
-      emu_fibers[t].uc_link = &emu_scheduler;
-      makecontext(&emu_fibers[t], (void (*)())emu_fiber, 1, t);
-      emu_state[t] = 0;
-    }
-    for (int done = 0; done < block;) {
-      for (int t = 0; t < block; ++t) {
-        if (emu_state[t] == 2) continue;
-        emu_state[t] = 0; emu_current = t; threadIdx.x = t; threadIdx.y = threadIdx.z = 0; blockIdx.x = bx;
-        swapcontext(&emu_scheduler, &emu_fibers[t]);
-      }
-      done = std::count(emu_state.begin(), emu_state.end(), 2);
-      if (done && done < block) return 1;  // some threads ended while others wait at a barrier
-    }
-  }
-  return 0;
-}
-"""
-
-
-def emulate_cuda(source: str, grid: int, args: dict) -> None:
-    """Run the one kernel of TVM-generated CUDA C on the CPU; pointer arguments are CPU float32 tensors
-    (`name` for the kernel's `name_ptr`), the others ints."""
-    import ctypes
-    import subprocess
-    import tempfile
-
-    kernels = re.findall(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{', source)
-    assert len(kernels) == 1, f"expected one kernel, found {len(kernels)}"
-    block, name, params = int(kernels[0][0]), kernels[0][1], [p.strip() for p in kernels[0][2].split(",")]
-    names = [p.rsplit(" ", 1)[1].removesuffix("_ptr") for p in params]
-    unknown = set(names) - set(args)
-    assert not unknown, f"kernel arguments {unknown} are computed by the host code, which is not emulated"
-    globals_ = "".join(f"static {'float*' if '*' in p else 'int'} emu_{n};\n" for p, n in zip(params, names))
-    kernel = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", source.replace("#include <cuda.h>", ""))
-    code = (_EMU_PRELUDE + kernel + globals_ + f"static void emu_kernel() {{ {name}("
-            + ", ".join(f"emu_{n}" for n in names) + "); }\n" + _EMU_LAUNCHER
-            + "".join(f'extern "C" void emu_set_{n}(void* p) {{ emu_{n} = (float*)p; }}\n' if "*" in p
-                      else f'extern "C" void emu_set_{n}(long v) {{ emu_{n} = (int)v; }}\n'
-                      for p, n in zip(params, names)))
-    with tempfile.TemporaryDirectory(prefix="cuda-emu-") as tmp:
-        src, lib = f"{tmp}/kernel.cc", f"{tmp}/kernel.so"
-        with open(src, "w") as f:
-            f.write(code)
-        subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-o", lib, src], check=True)
-        so = ctypes.CDLL(lib)
-        for n in names:
-            value = args[n]
-            if isinstance(value, torch.Tensor):
-                assert value.dtype == torch.float32 and value.is_contiguous() and value.device.type == "cpu"
-                getattr(so, f"emu_set_{n}")(ctypes.c_void_p(value.data_ptr()))
-            else:
-                getattr(so, f"emu_set_{n}")(ctypes.c_long(int(value)))
-        assert so.emu_launch(grid, block) == 0, "a __syncthreads is not reached by every thread of a block"

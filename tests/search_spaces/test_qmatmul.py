@@ -10,6 +10,7 @@ import torch
 from autotune.build import compile_module
 from autotune.kernel import Kernel
 from autotune.task import make_task
+from cuda_emulator import cuda_source, emulate_cuda
 from gpu_build import ARCHS, assert_built_within_limits
 from search_spaces import WorkloadError
 from search_spaces import qmatmul as qm
@@ -161,15 +162,6 @@ def one_per_path(task, seed):
     return list(dict.fromkeys([task.space.default()] + [sample_of(task, path, rng) for path in paths]))
 
 
-def kernel_source(task, cfg):
-    """The CUDA C TVM generates for `cfg`: compiled in this process, where TVM keeps CUDA as source."""
-    import tvm
-
-    (device_module,) = tvm.compile(task.lower(cfg), target=task.device.target()).mod.imports
-    source = device_module.inspect_source("")
-    return source[source.index('extern "C" __global__'):]  # the kernel, without TVM's helper header
-
-
 def test_gpu_space_defaults_to_tensor_cores_with_a_large_tiling():
     for arch in ARCHS:
         task = make_task("qmatmul", f"cuda:{arch}", **BIG)
@@ -240,9 +232,9 @@ def test_gpu_every_compute_path_builds_within_limits(gpu_builder, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_int8_paths_use_their_instructions(arch):
     task = make_task("qmatmul", f"cuda:{arch}", **SMALL)
-    mma = kernel_source(task, task.space.default())
+    mma = cuda_source(task, task.space.default(), header=False)
     assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in mma and "ldmatrix.sync.aligned" in mma
-    dp4a = kernel_source(task, sample_of(task, "dp4a", random.Random(0)))
+    dp4a = cuda_source(task, sample_of(task, "dp4a", random.Random(0)), header=False)
     assert re.search(r"__dp4a\(", dp4a) and "mma.sync" not in dp4a
 
 
@@ -270,185 +262,9 @@ def test_gpu_pack_and_kernel_args_follow_the_inputs_device():
 
 
 # ---- the generated CUDA C, run on the CPU ----------------------------------------------------------------
-# No GPU here, so what the kernels compute is checked by emulation: each CUDA thread of a block is a fiber
-# (ucontext) and __syncthreads ends its turn. Warp-wide instructions (ldmatrix, mma.sync, shuffles) post each
-# lane's operands, meet at a barrier, and compute every lane's result as the PTX ISA defines it, so the
+# No GPU here, so what the kernels compute is checked by emulation (tests/cuda_emulator.py): warp-wide
+# instructions (ldmatrix, mma.sync, shuffles) are computed lane by lane as the PTX ISA defines them, so the
 # layouts the tensor-core path relies on are checked against the ISA, not against themselves.
-_EMU_PRELUDE = r"""
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
-#include <ucontext.h>
-#include <vector>
-using std::max;
-using std::min;
-struct Dim3 { int x, y, z; };
-static Dim3 threadIdx, blockIdx;
-struct alignas(16) int4 { int x, y, z, w; };
-struct alignas(8) int2 { int x, y; };
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(8) float2 { float x, y; };
-static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-static float2 make_float2(float x, float y) { return {x, y}; }
-static int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
-static int2 make_int2(int x, int y) { return {x, y}; }
-#define __global__
-#define __launch_bounds__(n)
-#define __restrict__
-#define uint unsigned int
-static ucontext_t emu_scheduler;
-static std::vector<ucontext_t> emu_fibers;
-static std::vector<int> emu_state;  // 0 running, 1 at a barrier, 2 done
-static std::vector<uint32_t> emu_slots;  // 16 words a thread, for warp-wide instructions
-static std::vector<const char*> emu_ptrs;
-static int emu_current;
-static void __syncthreads() { emu_state[emu_current] = 1; swapcontext(&emu_fibers[emu_current], &emu_scheduler); }
-static uint32_t* emu_slot(int t) { return &emu_slots[16 * t]; }
-static unsigned __activemask() { return 0xffffffffu; }
-template <class T> static T __shfl_sync(unsigned, T v, int lane, int width) {
-  int t = emu_current, base = t - t % 32;
-  std::memcpy(emu_slot(t), &v, sizeof(T));
-  __syncthreads();
-  T r;
-  std::memcpy(&r, emu_slot(base + (t % 32) / width * width + lane % width), sizeof(T));
-  __syncthreads();
-  return r;
-}
-static int __dp4a(int a, int b, int c) {
-  for (int i = 0; i < 4; ++i) c += int(int8_t(a >> (8 * i))) * int(int8_t(b >> (8 * i)));
-  return c;
-}
-// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8q..8q+7 give the row addresses of matrix q; lane l
-// receives, in register q, the 4 bytes at column pair (l % 4) of row l / 4 of matrix q.
-static void emu_ldmatrix_x4(uint32_t* r0, uint32_t* r1, uint32_t* r2, uint32_t* r3, const char* addr) {
-  int t = emu_current, lane = t % 32, base = t - lane;
-  emu_ptrs[t] = addr;
-  __syncthreads();
-  uint32_t* r[4] = {r0, r1, r2, r3};
-  for (int q = 0; q < 4; ++q) std::memcpy(r[q], emu_ptrs[base + 8 * q + lane / 4] + 4 * (lane % 4), 4);
-  __syncthreads();
-}
-// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (PTX ISA fragment layouts; g = lane / 4, q = lane % 4):
-// a0..a3: A rows g, g+8, g, g+8 at k 4q..4q+3 (a0, a1) or 16+4q.. (a2, a3); b0, b1: B column g at k 4q..
-// or 16+4q..; c0..c3 and d0..d3: rows g, g, g+8, g+8 at columns 2q, 2q+1.
-static int8_t emu_byte(int lane_base, int lane, int reg, int k) {
-  return int8_t(emu_slot(lane_base + lane)[reg] >> (8 * (k % 4)));
-}
-static void emu_mma_m16n8k32(uint32_t* d0, uint32_t* d1, uint32_t* d2, uint32_t* d3, uint32_t a0, uint32_t a1, uint32_t a2,
-                             uint32_t a3, uint32_t b0, uint32_t b1, int c0, int c1, int c2, int c3) {
-  int t = emu_current, lane = t % 32, base = t - lane, g = lane / 4, q = lane % 4;
-  uint32_t in[10] = {a0, a1, a2, a3, b0, b1, uint32_t(c0), uint32_t(c1), uint32_t(c2), uint32_t(c3)};
-  std::memcpy(emu_slot(t), in, sizeof(in));
-  __syncthreads();
-  int d[4];
-  for (int i = 0; i < 4; ++i) {
-    int row = g + 8 * (i / 2), col = 2 * q + i % 2, acc = int(emu_slot(t)[6 + i]);
-    for (int k = 0; k < 32; ++k) {
-      int a = emu_byte(base, 4 * (row % 8) + (k % 16) / 4, (row / 8) + 2 * (k / 16), k);
-      int b = emu_byte(base, 4 * col + (k % 16) / 4, 4 + k / 16, k);
-      acc += a * b;
-    }
-    d[i] = acc;
-  }
-  __syncthreads();
-  *d0 = uint32_t(d[0]); *d1 = uint32_t(d[1]); *d2 = uint32_t(d[2]); *d3 = uint32_t(d[3]);
-}
-"""
-_EMU_LAUNCHER = r"""
-static void emu_fiber(int t) { emu_kernel(); emu_state[t] = 2; }
-extern "C" int emu_launch(int grid, int block_x, int block_y) {
-  const int block = block_x * block_y;
-  const size_t stack = 256 << 10;
-  std::vector<char> stacks(stack * block);
-  emu_fibers.resize(block); emu_state.resize(block); emu_slots.resize(16 * block); emu_ptrs.resize(block);
-  for (int bx = 0; bx < grid; ++bx) {
-    for (int t = 0; t < block; ++t) {
-      getcontext(&emu_fibers[t]);
-      emu_fibers[t].uc_stack.ss_sp = stacks.data() + stack * t;
-      emu_fibers[t].uc_stack.ss_size = stack;
-      emu_fibers[t].uc_link = &emu_scheduler;
-      makecontext(&emu_fibers[t], (void (*)())emu_fiber, 1, t);
-      emu_state[t] = 0;
-    }
-    for (int done = 0; done < block;) {
-      for (int t = 0; t < block; ++t) {
-        if (emu_state[t] == 2) continue;
-        emu_state[t] = 0; emu_current = t; blockIdx.x = bx;
-        threadIdx.x = t % block_x; threadIdx.y = t / block_x; threadIdx.z = 0;
-        swapcontext(&emu_scheduler, &emu_fibers[t]);
-      }
-      done = std::count(emu_state.begin(), emu_state.end(), 2);
-      if (done && done < block) return 1;  // some threads ended while others wait at a barrier
-    }
-  }
-  return 0;
-}
-"""
-
-
-def _split_top(text, sep):
-    """`text` split at `sep` outside parentheses."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    return parts + [text[start:]]
-
-
-def _emulated_asm(source):
-    """Inline PTX -> calls of the emulator's functions (operands as they are: outputs by address)."""
-    calls = {"ldmatrix.sync.aligned.m8n8.x4.shared.b16": "emu_ldmatrix_x4",
-             "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32": "emu_mma_m16n8k32"}
-    out, pos = [], 0
-    for m in re.finditer(r"__asm__ __volatile__\(", source):
-        end, depth = m.end(), 1
-        while depth:
-            depth += {"(": 1, ")": -1}.get(source[end], 0)
-            end += 1
-        template, outputs, inputs = (_split_top(source[m.end():end - 1], ":") + [""])[:3]
-        (instruction,) = [name for name in calls if name in template]  # no other PTX is expected
-        operand = re.compile(r'"=?r"\((.*)\)', re.S)
-        args = [f"(uint32_t*)&({operand.match(o.strip()).group(1)})" for o in _split_top(outputs, ",")]
-        args += [operand.match(i.strip()).group(1) for i in _split_top(inputs, ",") if i.strip()]
-        out += [source[pos:m.start()], f"{calls[instruction]}({', '.join(args)})"]
-        pos = end
-    return "".join(out + [source[pos:]])
-
-
-def emulate_cuda(source, grid, block, args):
-    """Run the one kernel of TVM-generated CUDA C (`kernel_source`) on the CPU: `block` = (x, y) threads,
-    `args` the CPU tensors for the kernel's `<name>_ptr` parameters."""
-    import ctypes
-    import subprocess
-    import tempfile
-
-    (head, name, params), = re.findall(r'(extern "C" __global__ void __launch_bounds__\(\d+\) (\w+))\(([^)]*)\)\s*\{',
-                                      source)
-    params = [p.strip().replace("__restrict__ ", "") for p in params.split(",")]
-    names = [p.rsplit(" ", 1)[1].removesuffix("_ptr") for p in params]
-    assert set(names) == set(args), (names, sorted(args))
-    kernel = re.sub(r"__shared__ (alignas\(\d+\) )?", r"\1static ", _emulated_asm(source))
-    kernel = kernel.replace("unsigned int addr = __cvta_generic_to_shared(", "const char* addr = (const char*)(")
-    globals_ = "".join(f"static {p.rsplit(' ', 1)[0]} emu_{n};\n" for p, n in zip(params, names))
-    setters = "".join(f'extern "C" void emu_set_{n}(void* p) {{ emu_{n} = ({p.rsplit(" ", 1)[0]})p; }}\n'
-                      for p, n in zip(params, names))
-    code = (_EMU_PRELUDE + kernel + globals_ + f"static void emu_kernel() {{ {name}("
-            + ", ".join(f"emu_{n}" for n in names) + "); }\n" + _EMU_LAUNCHER + setters)
-    with tempfile.TemporaryDirectory(prefix="cuda-emu-") as tmp:
-        src, lib = f"{tmp}/kernel.cc", f"{tmp}/kernel.so"
-        with open(src, "w") as f:
-            f.write(code)
-        subprocess.run(["g++", "-std=c++17", "-O1", "-w", "-shared", "-fPIC", "-o", lib, src], check=True)
-        so = ctypes.CDLL(lib)
-        for n in names:
-            assert args[n].is_contiguous() and args[n].device.type == "cpu"
-            getattr(so, f"emu_set_{n}")(ctypes.c_void_p(args[n].data_ptr()))
-        assert so.emu_launch(grid, *block) == 0, "a __syncthreads is not reached by every thread of a block"
-
-
 def run_emulated(task, cfg, tensors):
     """The kernel's output for reference-order `tensors`, computed by emulating its CUDA C."""
     w = task.workload
@@ -460,7 +276,7 @@ def run_emulated(task, cfg, tensors):
         block = (32, (cfg[qm.BLOCK_M] // cfg[qm.WARP_M]) * (cfg[qm.BLOCK_N] // cfg[qm.WARP_N]))
     else:
         block = (cfg[qm.BLOCK_N] // cfg[qm.THREAD_N], cfg[qm.BLOCK_M] // cfg[qm.THREAD_M])
-    emulate_cuda(kernel_source(task, cfg), (mp // cfg[qm.BLOCK_M]) * (np_ // cfg[qm.BLOCK_N]), block, named)
+    emulate_cuda(cuda_source(task, cfg), (mp // cfg[qm.BLOCK_M]) * (np_ // cfg[qm.BLOCK_N]), block, named)
     return out
 
 
