@@ -32,35 +32,32 @@ class Built:
 
 
 def compile_module(task: Task, cfg: Config):  # -> tvm Executable
-    """Lower and compile one config in this process (used by workers, `kernel()` and `bench`).
+    """Lower and compile one config in this process (used by workers, `kernel()` and `bench`)."""
+    return compile_with_usage(task, cfg)[0]
 
-    GPU kernels are verified against the device's limits and compiled with nvcc (see `cuda.compile_gpu`).
-    """
+
+def compile_with_usage(task: Task, cfg: Config) -> tuple[Any, tuple[Any, ...]]:
+    """(executable, per-kernel GPU resource usage): GPU kernels are verified against the device's limits and
+    compiled with nvcc (see `cuda.compile_gpu`); CPU kernels report no usage."""
     import tvm
 
     if task.device.is_gpu:
         from .cuda import compile_gpu
 
-        return compile_gpu(task.lower(cfg), task.device)[0]
-    return tvm.compile(task.lower(cfg), target=task.device.target())
+        exe, usage = compile_gpu(task.lower(cfg), task.device)
+        return exe, tuple(usage)
+    return tvm.compile(task.lower(cfg), target=task.device.target()), ()
 
 
 def _build_one(task: Task, cfg: Config, out_dir: str) -> tuple[str | None, float, str | None, str | None, tuple]:
     """Runs in a worker: compile and export; returns (lib, seconds, error_kind, error, usage)."""
     t0 = time.perf_counter()
-    usage: tuple = ()
     try:
-        if task.device.is_gpu:
-            from .cuda import compile_gpu
-
-            exe, kernels = compile_gpu(task.lower(cfg), task.device)
-            usage = tuple(kernels)
-        else:
-            exe = compile_module(task, cfg)
+        exe, usage = compile_with_usage(task, cfg)
     except InvalidConfig as err:
-        return None, time.perf_counter() - t0, "invalid", str(err), usage
+        return None, time.perf_counter() - t0, "invalid", str(err), ()
     except Exception as err:  # TVM raises many kinds; each is this candidate's failure, not the tuner's
-        return None, time.perf_counter() - t0, "build", f"{type(err).__name__}: {_last_lines(str(err))}", usage
+        return None, time.perf_counter() - t0, "build", f"{type(err).__name__}: {_last_lines(str(err))}", ()
     fd, lib = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     exe.export_library(lib)

@@ -63,7 +63,7 @@ def nvcc_compile(source: str, arch: str) -> tuple[bytes, list[KernelUsage]]:
     """CUDA C -> cubin for `arch` (e.g. "sm_90"), with each kernel's resource usage."""
     nvcc = nvcc_path()
     if nvcc is None:
-        raise RuntimeError("nvcc not found: CUDA kernels need the CUDA toolkit to compile (PATH or /usr/local/cuda)")
+        raise FileNotFoundError("nvcc not found: CUDA kernels need the CUDA toolkit to compile (PATH or /usr/local/cuda)")
     with tempfile.TemporaryDirectory(prefix="autotune-nvcc-") as tmp:
         src, cubin = os.path.join(tmp, "kernels.cu"), os.path.join(tmp, "kernels.cubin")
         with open(src, "w") as f:
@@ -124,7 +124,7 @@ def driver_stub_dir() -> str:
         os.makedirs(cache, exist_ok=True)
         cc = shutil.which("cc") or shutil.which("gcc")
         if cc is None:
-            raise RuntimeError("building CUDA kernels without a GPU driver needs a C compiler (cc) for a stub")
+            raise FileNotFoundError("building CUDA kernels without a GPU driver needs a C compiler (cc) for a stub")
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "stub.c")
             with open(src, "w") as f:
@@ -139,7 +139,7 @@ def driver_stub_dir() -> str:
 def prepare_build_environment() -> None:
     """Make processes started from now on able to build CUDA modules (call before starting workers)."""
     if nvcc_path() is None:
-        raise RuntimeError("nvcc not found: CUDA kernels need the CUDA toolkit to compile (PATH or /usr/local/cuda)")
+        raise FileNotFoundError("nvcc not found: CUDA kernels need the CUDA toolkit to compile (PATH or /usr/local/cuda)")
     if _driver_loadable():
         return
     stub = driver_stub_dir()

@@ -84,12 +84,16 @@ class OfflineRunner:
 
     def _wait(self, path: Path) -> dict[str, Any]:
         deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
-        while not path.exists():
+        while True:
+            if path.exists():
+                try:
+                    return json.loads(path.read_text())
+                except json.JSONDecodeError:  # still being copied back by hand: look again
+                    pass
             if deadline is not None and time.monotonic() > deadline:
-                raise OfflineTimeout(f"no {path} after {self.wait_s:.0f} s; rerun the same command to resume "
-                                     "(measured batches are in the log)")
+                raise OfflineTimeout(f"no complete {path} after {self.wait_s:.0f} s; rerun the same command to "
+                                     "resume (measured batches are in the log)")
             time.sleep(self.poll_s)
-        return json.loads(path.read_text())
 
     def close(self) -> None:
         pass

@@ -120,6 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one batch in this process
     args = p.parse_args(argv)
     sys.path.insert(0, str(HERE))  # the package's autotune_runtime.py and search_spaces/
+    import importlib.util
+
+    missing = [m for m in ("tvm_ffi", "torch") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"measure.py: needs {' and '.join(missing)} here: pip install "
+              + " ".join({"tvm_ffi": "apache-tvm-ffi==0.1.14.post1", "torch": "torch"}[m] for m in missing),
+              file=sys.stderr)
+        return 2
     if args.one:
         measure_batch(Path(args.one))
         return 0

@@ -110,6 +110,8 @@ def export(records: Iterable[Any], out: str | Path, builder: Any = None,
     from .task import make_task
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; a package is a directory")
     (out / "kernels").mkdir(parents=True, exist_ok=True)
     entries = []
     own = builder is None

@@ -40,21 +40,30 @@ MMA_S8 = "autotune_mma_s8s8s32_trans_b"  # 16x16x32 s8 x s8 -> s32 on tensor cor
 _loaded: set[str] = set()
 
 
+def _broadcast_dot_desc(lanes: int, k: int, a_dtype: str) -> Any:
+    """What the x86 dot instructions compute: C[i] += sum_k A[k] * B[i, k] for `lanes` int32 lanes."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((k,), a_dtype, offset_factor=1), B: T.Buffer((lanes, k), "int8", offset_factor=1),
+             C: T.Buffer((lanes,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
+                for j in T.serial(0, k):
+                    with T.sblock("update"):
+                        vi, vj = T.axis.remap("SR", [i, j])
+                        C[vi] = C[vi] + T.cast(A[vj], "int32") * T.cast(B[vi, vj], "int32")
+
+    return desc
+
+
 def _register_vnni() -> None:
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
-             C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+    desc = _broadcast_dot_desc(16, 4, "uint8")
 
     @T.prim_func(s_tir=True)
     def impl(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
@@ -75,17 +84,7 @@ def _register_avx2() -> None:
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(A: T.Buffer((2,), "int8", offset_factor=1), B: T.Buffer((8, 2), "int8", offset_factor=1),
-             C: T.Buffer((8,), "int32", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:2], B[0:8, 0:2])
-            T.writes(C[0:8])
-            for i in T.serial(0, 8):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+    desc = _broadcast_dot_desc(8, 2, "int8")
 
     @T.prim_func(s_tir=True)
     def impl(A: T.Buffer((2,), "int8", offset_factor=1), B: T.Buffer((8, 2), "int8", offset_factor=1),

@@ -86,3 +86,13 @@ def test_waiting_gives_up_with_a_clear_error(tmp_path):
     runner = OfflineRunner(tmp_path, FAST, poll_s=0.05, wait_s=0.2, say=lambda msg: None)
     with Builder(workers=1) as builder, pytest.raises(OfflineTimeout, match="rerun the same command"):
         runner.measure(task, builder.build(task, [task.space.default()]))
+
+
+def test_a_results_file_still_being_copied_is_waited_for(tmp_path):
+    runner = OfflineRunner(tmp_path, FAST, poll_s=0.05, wait_s=0.3, say=lambda msg: None)
+    partial = tmp_path / "results.json"
+    partial.write_text('{"format": 1, "resu')
+    with pytest.raises(OfflineTimeout, match="no complete"):
+        runner._wait(partial)
+    partial.write_text('{"format": 1, "results": []}')
+    assert runner._wait(partial) == {"format": 1, "results": []}

@@ -65,3 +65,9 @@ def test_gpu_packages_carry_cubins_and_the_cuda_runtime(tmp_path):
     assert entry["device"] == "cuda:sm_90"
     assert (lib / "libtvm_runtime_cuda.so").exists() and list(lib.glob("libcudart.so.*"))
     assert b".nv.info" in (tmp_path / "pkg" / entry["file"]).read_bytes()  # a compiled cubin, not CUDA source
+
+
+def test_exporting_onto_a_file_is_a_clear_error(tmp_path):
+    (tmp_path / "pkg").write_text("not a directory")
+    with pytest.raises(ValueError, match="is a file"):
+        export([], tmp_path / "pkg")
