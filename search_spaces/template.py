@@ -1,7 +1,7 @@
 """What every operator template provides, and the small shared pieces templates are built from.
 
-A template is a module of `search_spaces` that defines `NAME` and the functions of `Template` below; the
-registry (`search_spaces.get`) finds it, so adding an operator touches no other file.
+A template is a package of `search_spaces` that defines `NAME` and the names of `Template` below; the registry
+(`search_spaces.get`) finds it, so adding an operator touches no other file.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import json
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-__all__ = ["Template", "Traffic", "Workload", "WorkloadError", "parse_shape"]
+__all__ = ["IndexOutOfRange", "InvalidDtype", "InvalidInput", "ModuleRule", "Route", "Template", "TorchBinding",
+           "Traffic", "Workload", "WorkloadError", "is_gpu", "parse_shape"]
 
 
 class WorkloadError(ValueError):
@@ -139,8 +140,86 @@ class Workload:
         return out
 
 
+def is_gpu(target: Any) -> bool:
+    """Whether a tvm Target (or its kind name) is a GPU one: templates pick their CUDA or CPU module by it."""
+    kind = target if isinstance(target, str) else getattr(getattr(target, "kind", None), "name", "")
+    return kind.split(":")[0] in ("cuda", "nvptx", "rocm")
+
+
+# ---- errors a call's tensors can raise (PyTorch raises RuntimeError for all of them; ours are both) ----------
+class InvalidInput(ValueError, RuntimeError):
+    """A tensor of the wrong shape, device or layout, or malformed offsets."""
+
+
+class InvalidDtype(TypeError, RuntimeError):
+    """A tensor of the wrong dtype."""
+
+
+class IndexOutOfRange(IndexError, RuntimeError):
+    """An index outside the embedding table."""
+
+
+# ---- how an operator appears in PyTorch (read by autotune.torch; see TorchBinding) ---------------------------
+@dataclass(frozen=True)
+class Route:
+    """Where a torch-op call goes: the kernels compiled for `signature`, at `size` along the dimension a kernel
+    may serve at any size (`TorchBinding.any_size`) or must be padded/split to (fixed-size kernels)."""
+
+    signature: tuple[Any, ...]
+    size: int
+
+
+@dataclass(frozen=True)
+class ModuleRule:
+    """How `autotune.torch.optimize` swaps one kind of PyTorch module for a module running the operator.
+
+    `swap(module, next_module, has_kernel, validate)` returns None when the rule does not apply to `module`
+    (optimize then looks inside it), a reason string when it applies but the module is kept, or
+    `(new_module, fuses_next)`: `fuses_next` says the new module also does `next_module`'s work (a ReLU after a
+    Linear), which optimize then replaces by nn.Identity. `has_kernel(match)` tells whether a loaded kernel of
+    this operator, on the module's device, has a workload for which `match(workload)` is true.
+    """
+
+    name: str  # e.g. "nn.EmbeddingBag -> EmbeddingBag", shown in reports
+    swap: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class TorchBinding:
+    """`torch.ops.autotune.<NAME>`: everything the torch layer needs to know about an operator, declared by its
+    template (in its package's torch_op.py) so that the torch layer holds no operator knowledge.
+
+    The call functions (`op`, `fake`, `check`, `route`, `run`) all take the op's own arguments, as `op` declares
+    them (fully annotated: the custom op's schema is inferred from it, and its last parameter is
+    `validate: bool = True`).
+    """
+
+    op: Callable[..., Any]  # the op's signature and docstring; its body runs PyTorch's implementation (fallback)
+    fake: Callable[..., Any]  # an empty output of the right shape, dtype and device (torch.compile, meta)
+    check: Callable[..., None]  # raise InvalidInput/InvalidDtype/IndexOutOfRange where PyTorch would raise
+    route: Callable[..., Any]  # -> Route, or a str saying why PyTorch's implementation must run (not an error)
+    run: Callable[..., Any]  # (chunks, *args) -> output; chunks: objects with .kernel (callable on the
+    #                          reference-order tensors, .kernel.size its tuned size), .start, .stop
+    compiled: Callable[[Any], tuple[Any, ...]]  # workload -> the Route.signature of the calls its kernel serves
+    size: Callable[[Any], int]  # workload -> its tuned size along the routed dimension
+    any_size: bool  # True: one kernel serves any size; False: exactly its tuned size (calls are padded/split)
+    describe: Callable[[tuple[Any, ...]], str]  # signature -> "dim=64 mode=sum ..." for warnings and reports
+    cases: Callable[[Any, int, int], Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]]
+    #   (workload, seed, count) -> (case name, args, kwargs) of op calls that a kernel of this workload must
+    #   serve and get right: several batch sizes and the operator's edge cases (`autotune check` runs them)
+    backward: Callable[..., Any] | None = None  # torch.library.register_autograd's backward and setup_context
+    setup_context: Callable[..., Any] | None = None
+    rules: tuple[ModuleRule, ...] = ()
+    exports: tuple[tuple[str, Any], ...] = ()  # public names re-exported by autotune.torch (drop-in modules)
+
+
 class Template(Protocol):
-    """The module-level interface of an operator template (a protocol over modules)."""
+    """What the engine, the runners and the torch layer call on an operator template, and nothing else.
+
+    A template is a package `search_spaces/<op>/` (workload.py: fields, parsing, inputs, reference, checks,
+    traffic; cpu.py and cuda.py: each device's space and schedule; torch_op.py: its TorchBinding) whose
+    `__init__` exposes these names; `search_spaces.get` finds it, so adding an operator edits no other file.
+    """
 
     NAME: str
     DOC: str
@@ -148,14 +227,11 @@ class Template(Protocol):
     WEIGHTS: tuple[int, ...]  # positions of model weights among the reference's arguments (packed once)
     Workload: type[Workload]
 
-    def compute(self, w: Any) -> Any:
-        """The operator as a TVM IRModule (TE or TVMScript), before any schedule."""
-
     def space(self, w: Any, target: Any) -> Any:
-        """The knob space for this workload on this tvm Target."""
+        """The knob space for this workload on this tvm Target (the CPU or the CUDA one)."""
 
-    def schedule(self, sch: Any, w: Any, cfg: Any, target: Any) -> None:
-        """Apply one config to a tvm.s_tir.Schedule; raise InvalidConfig if it cannot apply."""
+    def lower(self, w: Any, cfg: Any, target: Any) -> Any:
+        """The scheduled IRModule of one config for this target; raise InvalidConfig if it cannot apply."""
 
     def inputs(self, w: Any, seed: int) -> tuple[Any, ...]:
         """Realistic torch input tensors, in the reference's argument order."""
@@ -163,8 +239,11 @@ class Template(Protocol):
     def reference(self, w: Any, *tensors: Any) -> Any:
         """The PyTorch semantics the kernel must reproduce."""
 
+    def baselines(self, w: Any, *tensors: Any) -> dict[str, Callable[[], Any]]:
+        """PyTorch's fastest ways to compute the op on these tensors, prepared, for the bench to time."""
+
     def check_inputs(self, w: Any, *tensors: Any) -> None:
-        """Raise ValueError/TypeError with a clear message when tensors do not fit the workload."""
+        """Raise InvalidInput/InvalidDtype/IndexOutOfRange with a clear message when tensors do not fit."""
 
     def pack(self, w: Any, cfg: Any, *weights: Any) -> tuple[Any, ...]:
         """The weights (arguments at WEIGHTS) in the layout the config's kernel reads; called once per weight."""
@@ -178,3 +257,6 @@ class Template(Protocol):
 
     def tolerance(self, w: Any) -> tuple[float, float]:
         """(rtol, atol) for comparing kernel and reference outputs."""
+
+    def torch_binding(self) -> TorchBinding | None:
+        """How the operator appears in PyTorch (imports torch), or None if it has no torch op."""
