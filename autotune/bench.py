@@ -1,31 +1,61 @@
-"""Side-by-side benchmark of one task: the best logged kernel, PyTorch's reference, the untuned default.
+"""Side-by-side benchmark of one task: the best logged kernel, PyTorch, the untuned default, and the roofline.
 
-All three run in this process on the same inputs, interleaved in rounds so that drift in a noisy machine
-hits them alike; the figures that matter are the ratios. Outputs are checked to agree before any timing.
+Every contender is timed by the measurement core (`runtime.time_cpu`, one `Timing`), the kernels through the
+`runtime.BoundKernel` call path the tuner records. PyTorch is timed twice on the same inputs (made from the
+workload and seed): in a child process that never imports TVM (`bench_child`: no TVM thread pool competes for
+the cores; the headline `torch_s`), and in this process next to the TVM kernels (`torch_s_in_process`).
+Rounds interleave so that drift hits all alike: each round times tuned, default and PyTorch here, then the
+child's round of PyTorch while this process waits. Outputs are checked to agree before any timing. The
+roofline is the kernel's share of this machine's measured limit (`roofline`).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from . import roofline, runtime
+from .bench_child import median_time, torch_paths
 from .kernel import Kernel, best_record
-from .measure import mismatch
+from .runtime import Timing
 from .task import Task
+
+BENCH_TIMING = Timing(number=1, repeat=5, min_repeat_ms=100.0)  # ~0.5 s per contender per round
+ORDER = "per round: tuned, default, torch in-process, then torch isolated (child process, this one idle)"
+_KEYS = {"GB/s": "gbps", "GFLOPS": "gflops", "GOPS": "gops"}
 
 
 @dataclass(frozen=True)
 class BenchResult:
     tuned_s: float
-    torch_s: float
     default_s: float
     unit: str
-    tuned_rate: float  # GB/s or GFLOPS of the tuned kernel (the template's figure of merit)
-    torch_rate: float
     config: str
-    baselines: tuple[tuple[str, float], ...] = ()  # every PyTorch path timed; torch_s is the fastest
+    baselines_isolated: dict[str, float]  # PyTorch path -> median seconds, timed without TVM in the process
+    baselines_in_process: dict[str, float]  # the same paths timed here, next to the TVM kernels
+    rate_per_s: float  # the template's work per call (bytes or ops) / 1e9: rate = rate_per_s / seconds
+    roof: roofline.Roof | None = None
+    roof_error: str | None = None  # why there is no roofline (no compiler, a GPU ...)
+    isolated_tvm_imported: bool = False  # the child's own report (True would make torch_s_isolated unfair)
+    rounds: int = 0
+    torch_process: str = "isolated"  # which figure torch_s and speedup_vs_torch use
+
+    @property
+    def torch_s_isolated(self) -> float:
+        return min(self.baselines_isolated.values())
+
+    @property
+    def torch_s_in_process(self) -> float:
+        return min(self.baselines_in_process.values())
+
+    @property
+    def torch_s(self) -> float:
+        return self.torch_s_isolated if self.torch_process == "isolated" else self.torch_s_in_process
 
     @property
     def speedup_vs_torch(self) -> float:
@@ -35,56 +65,161 @@ class BenchResult:
     def speedup_vs_default(self) -> float:
         return self.default_s / self.tuned_s
 
+    def rate(self, seconds: float) -> float:
+        return self.rate_per_s / seconds
+
+    @property
+    def roof_share(self) -> float | None:
+        return None if self.roof is None else self.roof.share(self.rate(self.tuned_s))
+
     def to_json(self) -> dict[str, Any]:
-        key = {"GB/s": "gbps", "GFLOPS": "gflops", "GOPS": "gops"}[self.unit]
-        return {"tuned_s": self.tuned_s, "torch_s": self.torch_s, "default_s": self.default_s,
-                "speedup_vs_torch": self.speedup_vs_torch, "speedup_vs_default": self.speedup_vs_default,
-                key: self.tuned_rate, f"torch_{key}": self.torch_rate, "config": self.config,
-                "baselines": dict(self.baselines)}
+        key = _KEYS[self.unit]
+        roof = None if self.roof is None else {**self.roof.to_json(), "share": self.roof_share}
+        return {"tuned_s": self.tuned_s, "default_s": self.default_s, "torch_s": self.torch_s,
+                "torch_process": self.torch_process, "torch_s_isolated": self.torch_s_isolated,
+                "torch_s_in_process": self.torch_s_in_process, "speedup_vs_torch": self.speedup_vs_torch,
+                "speedup_vs_torch_in_process": self.torch_s_in_process / self.tuned_s,
+                "speedup_vs_default": self.speedup_vs_default, key: self.rate(self.tuned_s),
+                f"torch_{key}": self.rate(self.torch_s), "unit": self.unit, "config": self.config,
+                "baselines_isolated": self.baselines_isolated, "baselines_in_process": self.baselines_in_process,
+                "isolated_tvm_imported": self.isolated_tvm_imported, "rounds": self.rounds, "order": ORDER,
+                "roofline": roof, "roofline_error": self.roof_error}
 
 
-def median_seconds(fn: Callable[[], Any], min_run_time: float) -> float:
-    """Median per-call time by torch.utils.benchmark's blocked autorange (warm-up included)."""
-    from torch.utils.benchmark import Timer
+class IsolatedTorch:
+    """The child process timing PyTorch's paths: started early (its setup overlaps our compiles), one round
+    per `round()` call, while this process waits."""
 
-    return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
+    def __init__(self, task: Task, seed: int, timing: Timing, torch_threads: int):
+        child = Path(__file__).with_name("bench_child.py")
+        code = f"import runpy; runpy.run_path({str(child)!r}, run_name='__main__')"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        timing_json = {k: getattr(timing, k) for k in ("number", "repeat", "min_repeat_ms", "seed")}
+        self._send(json.dumps({"op": task.op, "workload": task.workload.to_json(), "seed": seed,
+                               "timing": timing_json, "torch_threads": torch_threads,
+                               "sys_path": [p for p in sys.path if p]}))
+        self.tvm_imported = False
+        self.names: list[str] | None = None
+
+    def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def _reply(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            err = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()
+            raise RuntimeError("the isolated PyTorch process failed: " + " | ".join(err[-3:]))
+        msg = json.loads(line)
+        self.tvm_imported = self.tvm_imported or bool(msg["tvm_imported"])
+        return msg
+
+    def ready(self) -> list[str]:
+        if self.names is None:
+            self.names = list(self._reply()["ready"])
+        return self.names
+
+    def round(self) -> dict[str, float]:
+        self.ready()
+        self._send("round")
+        return {k: float(v) for k, v in self._reply()["medians"].items()}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # type: ignore[union-attr]
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
 
 
-def bench(task: Task, logs: Iterable[str | Path], seed: int = 0, rounds: int = 3,
-          min_run_time: float = 0.5) -> BenchResult:
+def _table_shape(inputs: tuple[Any, ...]) -> tuple[int, ...]:
+    """The shape of the largest input: the table a gather-bound (GB/s) kernel reads rows of."""
+    tensors = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else (x,)) if hasattr(t, "numel")]
+    return tuple(max(tensors, key=lambda t: t.numel()).shape) if tensors else ()
+
+
+def measure_roof(unit: str, inputs: tuple[Any, ...]) -> tuple[roofline.Roof | None, str | None]:
+    """(roof, None), or (None, why not): a bench without a roofline still benches."""
+    try:
+        return roofline.for_unit(unit, _table_shape(inputs)), None
+    except (roofline.RooflineUnavailable, ValueError) as err:
+        return None, str(err)
+
+
+def bench(task: Task, logs: Iterable[str | Path], seed: int = 0, rounds: int = 3, timing: Timing = BENCH_TIMING,
+          roof: bool = True, include_stale: bool = False) -> BenchResult:
+    if task.device.is_gpu:
+        raise ValueError(f"bench times CPU kernels; for {task.device.name} use benchmarks/gpu_check.py")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    import torch
+
     template, w = task.template, task.workload
-    rec = best_record(task, logs)
-    tuned = Kernel(task, task.space.from_json(rec.config), validate=False)
-    default = Kernel(task, task.space.default(), validate=False)
-    inputs = template.inputs(w, seed)
-    ref = template.reference(w, *inputs)
-    for name, k in (("tuned", tuned), ("default", default)):
-        why = mismatch(task, k(*inputs), ref)
-        if why is not None:
-            raise AssertionError(f"the {name} kernel disagrees with PyTorch: {why}")
-    # A template may name PyTorch's fastest paths for its op (prepared outside the timing); else the reference.
-    torch_paths = (template.baselines(w, *inputs) if hasattr(template, "baselines")
-                   else {"torch": lambda: template.reference(w, *inputs)})
-    contenders = {"tuned": lambda: tuned(*inputs), "default": lambda: default(*inputs), **torch_paths}
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            times[name].append(median_seconds(fn, min_run_time))
+    rec = best_record(task, logs, include_stale)
+    child = IsolatedTorch(task, seed, timing, torch.get_num_threads())
+    try:
+        data = runtime.TaskData(template, w, seed, "cpu")
+        kernels = {"tuned": Kernel(task, task.space.from_json(rec.config), validate=False),
+                   "default": Kernel(task, task.space.default(), validate=False)}
+        for name, k in kernels.items():
+            why = runtime.mismatch(k.bound(*data.inputs), data.reference, *template.tolerance(w))
+            if why is not None:
+                raise AssertionError(f"the {name} kernel disagrees with PyTorch: {why}")
+        paths = torch_paths(template, w, data.inputs)
+        inputs = data.inputs
+        contenders: dict[str, Callable[[], Any]] = {
+            **{name: (lambda b=k.bound: b(*inputs)) for name, k in kernels.items()}, **paths}
+        if set(child.ready()) != set(paths):
+            raise RuntimeError(f"the isolated process prepared {child.ready()}, this one {list(paths)}")
+        times: dict[str, list[float]] = {k: [] for k in contenders}
+        isolated: dict[str, list[float]] = {k: [] for k in paths}
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                times[name].append(median_time(fn, timing, runtime))
+            for name, t in child.round().items():
+                isolated[name].append(t)
+    finally:
+        child.close()
     med = {k: statistics.median(v) for k, v in times.items()}
-    torch_s = min(med[k] for k in torch_paths)
     traffic = template.traffic(w, *inputs)
-    return BenchResult(tuned_s=med["tuned"], torch_s=torch_s, default_s=med["default"], unit=traffic.unit,
-                       tuned_rate=traffic.rate(med["tuned"]), torch_rate=traffic.rate(torch_s),
-                       config=str(tuned.config), baselines=tuple((k, med[k]) for k in torch_paths))
+    found, why = measure_roof(traffic.unit, inputs) if roof else (None, "not measured (roof=False)")
+    return BenchResult(tuned_s=med["tuned"], default_s=med["default"], unit=traffic.unit,
+                       config=str(kernels["tuned"].config),
+                       baselines_isolated={k: statistics.median(v) for k, v in isolated.items()},
+                       baselines_in_process={k: med[k] for k in paths}, rate_per_s=traffic.rate(1.0),
+                       roof=found, roof_error=why, isolated_tvm_imported=child.tvm_imported, rounds=rounds)
 
 
 def format_result(task: Task, r: BenchResult) -> str:
-    return "\n".join([
-        f"{task.op} on {task.device.name}: {task.workload_key}",
-        f"  best config      {r.config}",
-        f"  tuned            {r.tuned_s * 1e3:9.3f} ms  {r.tuned_rate:8.2f} {r.unit}",
-        *(f"  {name:<16s} {t * 1e3:9.3f} ms" for name, t in r.baselines),
-        f"  untuned default  {r.default_s * 1e3:9.3f} ms",
-        f"  speed-up vs fastest torch path {r.speedup_vs_torch:.2f}x ({r.torch_rate:.2f} {r.unit}), "
-        f"vs untuned default {r.speedup_vs_default:.2f}x",
-    ])
+    """The bench as text: one line per contender, PyTorch's two processes side by side, then the roofline."""
+    width = max(16, *(len(n) for n in r.baselines_isolated))
+    lines = [f"{task.op} on {task.device.name}: {task.workload_key}",
+             f"  best config      {r.config}",
+             f"  {'':<{width}s} {'ms':>9s}  {r.unit:>8s}",
+             f"  {'tuned':<{width}s} {r.tuned_s * 1e3:9.3f}  {r.rate(r.tuned_s):8.2f}",
+             f"  {'untuned default':<{width}s} {r.default_s * 1e3:9.3f}  {r.rate(r.default_s):8.2f}",
+             f"  {'PyTorch paths':<{width}s} {'isolated':>9s}  in-process (next to TVM), ms"]
+    for name, t in r.baselines_isolated.items():
+        lines.append(f"  {name:<{width}s} {t * 1e3:9.3f}  {r.baselines_in_process[name] * 1e3:9.3f}")
+    lines.append(f"  speed-up vs fastest torch path {r.speedup_vs_torch:.2f}x isolated "
+                 f"({r.rate(r.torch_s):.2f} {r.unit}), {r.torch_s_in_process / r.tuned_s:.2f}x in-process; "
+                 f"vs untuned default {r.speedup_vs_default:.2f}x")
+    if r.roof is not None:
+        lines.append(f"  roofline  {r.roof_share:.0%} of measured {r.roof.name} "
+                     f"({r.rate(r.tuned_s):.1f} of {r.roof.value:.1f} {r.unit})"
+                     + ("; above it: rows reused within the call hit in cache (the roof's rows are uniform)"
+                        if r.roof_share > 1 and r.unit == "GB/s" else ""))
+    lines.append(f"  ({r.rounds} rounds, {ORDER})")
+    return "\n".join(lines)
+
+
+def median_seconds(fn: Callable[[], Any], min_run_time: float) -> float:
+    """Median per-call seconds of `fn` over about `min_run_time` s, by the measurement core's timer (for the
+    examples and benchmarks that time their own contenders)."""
+    return median_time(fn, Timing(number=1, repeat=5, min_repeat_ms=min_run_time * 1e3 / 5), runtime)

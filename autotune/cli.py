@@ -1,4 +1,4 @@
-"""`autotune list|tune|best|bench|export`. User errors print one line and exit 2; bugs keep their traceback."""
+"""`autotune list|tune|best|bench|export|check`. User errors print one line and exit 2; bugs keep their traceback."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from typing import Sequence
 import search_spaces
 from search_spaces import InvalidConfig, UnknownOperator, WorkloadError
 
+from autotune.check import DEFAULT_CASES, DEFAULT_TIMEOUT_S
+from autotune.records import ERROR_KINDS
 from autotune.rpc import RPCUnavailable
 
+STALE_HELP = "use records of older template code too (their kernels may differ from what the code generates now)"
 USER_ERRORS = (UnknownOperator, WorkloadError, InvalidConfig, FileNotFoundError, LookupError, ValueError,
                RPCUnavailable)
 
@@ -43,25 +46,45 @@ def _parser() -> argparse.ArgumentParser:
                    help="local (this machine's CPU or GPU), offline:DIR (write batches to DIR, measured there "
                         "by `python DIR/measure.py`) or rpc://HOST:PORT/KEY (the servers registered under KEY at "
                         "a TVM RPC tracker, in parallel)")
+    t.add_argument("--include-stale", action="store_true", help="count records of older template code as measured "
+                                                                 "(they are re-measured otherwise)")
+    t.add_argument("--retry-errors", metavar="KIND[,KIND]", default="",
+                   help="measure again the configs whose records failed with these error kinds "
+                        "(" + ", ".join(ERROR_KINDS) + ")")
     t.add_argument("--dry-run", action="store_true",
                    help="build the first --trials candidates and show them; measure nothing, write no log")
 
     b = sub.add_parser("best", help="the best record of a log, per task")
     b.add_argument("--log", required=True)
+    b.add_argument("--include-stale", action="store_true", help=STALE_HELP)
 
     be = sub.add_parser("bench", help="best logged kernel vs PyTorch vs untuned default, side by side")
     task_args(be)
     be.add_argument("--log", required=True, action="append", help="log(s) to take the best kernel from")
     be.add_argument("--seed", type=int, default=0)
+    be.add_argument("--include-stale", action="store_true", help=STALE_HELP)
     be.add_argument("--json", action="store_true", help="print one JSON object")
+    be.add_argument("--rounds", type=int, default=3, help="interleaved rounds of timing (medians are reported)")
+    be.add_argument("--no-roofline", action="store_true", help="skip the roofline microbenchmark")
 
     ex = sub.add_parser("export", help="the best kernel per task of logs -> a package runnable without TVM")
     ex.add_argument("--log", required=True, action="append", help="log(s) to take the best kernels from")
     ex.add_argument("--out", required=True, help="package directory to write")
     ex.add_argument("--device", action="append", help="only these devices (default: all in the logs)")
+    ex.add_argument("--include-stale", action="store_true", help=STALE_HELP)
     ex.add_argument("--bench", action="store_true",
                     help="time each kernel of this machine's devices against PyTorch (as `autotune bench`) and "
                          "record the speed-up in the manifest (null without it)")
+
+    ck = sub.add_parser("check", help="each kernel of a package vs PyTorch on this machine (CI): exit 1 names "
+                                      "the first failing case")
+    ck.add_argument("package", help="package directory written by `autotune export`")
+    ck.add_argument("--cases", type=int, default=DEFAULT_CASES, help="random cases per kernel (edge cases come "
+                                                                     "on top)")
+    ck.add_argument("--seed", type=int, help="reproduce a run's random cases (default: fresh, printed)")
+    ck.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                    help="seconds per kernel before it counts as hung")
+    ck.add_argument("--json", action="store_true", help="print one JSON object")
 
     r = sub.add_parser("rpc", help="device farms through TVM's RPC tracker")
     rsub = r.add_subparsers(dest="rpc_command", required=True)
@@ -117,7 +140,8 @@ def _tune(args: argparse.Namespace) -> None:
     try:
         res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed,
                    batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
-                   runner=runner)
+                   runner=runner, include_stale=args.include_stale,
+                   retry_errors=[k.strip() for k in args.retry_errors.split(",") if k.strip()])
     finally:
         if runner is not None:
             runner.close()  # type: ignore[attr-defined]
@@ -133,15 +157,19 @@ def _best(args: argparse.Namespace) -> None:
 
     if not Path(args.log).exists():
         raise FileNotFoundError(f"log not found: {args.log}")
-    recs = list(records.load(args.log))
-    tasks = sorted({r.task for r in recs})
+    every = list(records.load(args.log))
+    recs = records.current(every, args.include_stale)
+    tasks = sorted({r.task for r in every})
     if not tasks:
         print(f"{args.log}: no records")
     for op, wkey, dev in tasks:
         mine = records.for_task(recs, op, wkey, dev)
+        stale = len(records.for_task(every, op, wkey, dev)) - len(mine)
         b = records.best(mine, op, wkey, dev)
         failed = sum(1 for r in mine if not r.ok)
         head = f"{op} on {dev} {wkey}: {len(mine)} records, {failed} failed"
+        if stale:
+            head += f"; {stale} stale records ignored (older template code; --include-stale uses them)"
         print(head if b is None else f"{head}\n  best {b.latency * 1e3:.3f} ms  {json.dumps(b.config, sort_keys=True)}")
 
 
@@ -150,7 +178,10 @@ def _bench(args: argparse.Namespace) -> None:
     from autotune.task import make_task
 
     task = make_task(args.op, args.device, shape=args.shape)
-    res = bench(task, args.log, seed=args.seed)
+    res = bench(task, args.log, seed=args.seed, rounds=args.rounds, roof=not args.no_roofline,
+                include_stale=args.include_stale)
+    if res.roof is None and not args.no_roofline:
+        print(f"autotune bench: no roofline line: {res.roof_error}", file=sys.stderr)
     print(json.dumps(res.to_json()) if args.json else format_result(task, res))
 
 
@@ -161,13 +192,17 @@ def _export(args: argparse.Namespace) -> None:
     missing = [p for p in args.log if not Path(p).exists()]
     if missing:
         raise FileNotFoundError(f"log not found: {', '.join(missing)}")
-    recs = list(records.load_many(args.log))
+    every = list(records.load_many(args.log))
+    recs = records.current(every, args.include_stale)
     best = [b for op, wkey, dev in sorted({r.task for r in recs})
             if (not args.device or dev in args.device)
             and (b := records.best(records.for_task(recs, op, wkey, dev), op, wkey, dev)) is not None]
     if not best:
-        raise LookupError("no correct records to export in " + ", ".join(args.log))
-    speedups = _speedups(best, args.log) if args.bench else None
+        stale = len(every) - len(recs)
+        raise LookupError("no correct records to export in " + ", ".join(args.log)
+                          + (f" ({stale} stale records of older template code ignored; --include-stale uses them)"
+                             if stale else ""))
+    speedups = _speedups(best, args.log, args.include_stale) if args.bench else None
     manifest = export(best, args.out, speedups=speedups)
     for e in manifest["kernels"]:
         speed = f", {e['speedup_vs_torch']:.2f}x PyTorch" if e.get("speedup_vs_torch") else ""
@@ -175,7 +210,7 @@ def _export(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: {len(manifest['kernels'])} kernels; runs with PyTorch + apache-tvm-ffi")
 
 
-def _speedups(best: list, logs: list[str]) -> dict[tuple[str, str, str], float]:
+def _speedups(best: list, logs: list[str], include_stale: bool) -> dict[tuple[str, str, str], float]:
     """Speed-up over PyTorch of each record whose device is this machine's (others cannot be timed here)."""
     from autotune.bench import bench
     from autotune.targets import UnknownDevice, resolve
@@ -191,8 +226,16 @@ def _speedups(best: list, logs: list[str]) -> dict[tuple[str, str, str], float]:
         if rec.device not in local.values():
             continue
         task = make_task(rec.op, rec.device, workload=search_spaces.get(rec.op).Workload.from_json(rec.workload))
-        out[rec.task] = bench(task, logs).speedup_vs_torch
+        out[rec.task] = bench(task, logs, include_stale=include_stale).speedup_vs_torch
     return out
+
+
+def _check(args: argparse.Namespace) -> int:
+    from autotune.check import check
+
+    report = check(args.package, cases=args.cases, seed=args.seed, timeout=args.timeout)
+    print(json.dumps(report.to_json()) if args.json else report.format())
+    return 0 if report.ok else 1
 
 
 def _rpc(args: argparse.Namespace) -> None:
@@ -208,13 +251,13 @@ def _rpc(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"list": lambda: _list(args.device), "tune": lambda: _tune(args), "best": lambda: _best(args),
-         "bench": lambda: _bench(args), "export": lambda: _export(args),
-         "rpc": lambda: _rpc(args)}[args.command]()
+        rc = {"list": lambda: _list(args.device), "tune": lambda: _tune(args), "best": lambda: _best(args),
+              "bench": lambda: _bench(args), "export": lambda: _export(args),
+              "rpc": lambda: _rpc(args), "check": lambda: _check(args)}[args.command]()
     except USER_ERRORS as err:
         print(f"autotune {args.command}: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return rc or 0  # `check` returns 1 when a kernel fails
 
 
 if __name__ == "__main__":

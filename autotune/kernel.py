@@ -10,52 +10,50 @@ from .records import shipped_logs
 from .build import compile_module
 from .task import Task
 
+
 class NoTunedKernel(LookupError):
     pass
 
 
-def best_record(task: Task, logs: Iterable[str | Path]) -> records.Record:
+def best_record(task: Task, logs: Iterable[str | Path], include_stale: bool = False) -> records.Record:
+    """The fastest correct record of `task` in `logs`, of the current template version unless `include_stale`."""
     logs = list(logs)
     missing = [str(p) for p in logs if not Path(p).exists()]
     if missing:
         raise FileNotFoundError(f"log not found: {', '.join(missing)}")
-    rec = records.best(records.load_many(logs), task.op, task.workload_key, task.device.name)
+    mine = records.for_task(records.load_many(logs), task.op, task.workload_key, task.device.name)
+    rec = records.best(records.current(mine, include_stale), task.op, task.workload_key, task.device.name)
     if rec is None:
+        stale = sum(1 for r in mine if r.ok)
+        hint = (f" ({stale} correct records of older template code were ignored: re-tune, or pass "
+                f"include_stale=True / --include-stale)" if stale else "")
         raise NoTunedKernel(f"no correct {task.op} record for this workload on {task.device.name} in "
-                            f"{', '.join(map(str, logs)) or 'the shipped logs'}; run `autotune tune` first")
+                            f"{', '.join(map(str, logs)) or 'the shipped logs'}{hint}; run `autotune tune` first")
     return rec
 
 
 class Kernel:
-    """A compiled kernel with the reference's argument order: `kernel(weight, indices, offsets)`."""
+    """A compiled kernel with the reference's argument order: `kernel(weight, indices, offsets)`.
+
+    Inputs are checked (unless `validate=False`), then run through `runtime.BoundKernel`: the call path the
+    tuner timed, so a logged latency is what this call costs (plus the check)."""
 
     def __init__(self, task: Task, config: Any, validate: bool = True):
         self.task = task
         self.config = config
         self.validate = validate
-        self._func = compile_module(task, config)["main"]
-        self._packed: tuple[Any, ...] = ()
-        self._packed_for: tuple[Any, ...] | None = None
-
-    def _pack(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Packed weights, redone only when a weight tensor changes (new storage or in-place update)."""
-        weights = [tensors[i] for i in self.task.template.WEIGHTS]
-        key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in weights)
-        if key != self._packed_for:
-            self._packed, self._packed_for = self.task.pack(self.config, tensors), key
-        return self._packed
+        self.bound = task.bind(config, compile_module(task, config)["main"])
 
     def __call__(self, *tensors: Any) -> Any:
         if self.validate:
             self.task.template.check_inputs(self.task.workload, *tensors)
-        args, out = self.task.kernel_args(self.config, self._pack(tensors), tensors)
-        self._func(*args)
-        return out
+        return self.bound(*tensors)
 
     def __repr__(self) -> str:
         return f"Kernel({self.task.op}, {self.task.device.name}, {self.config})"
 
 
-def load_kernel(task: Task, logs: Iterable[str | Path] | None = None, validate: bool = True) -> Kernel:
-    rec = best_record(task, logs if logs is not None else shipped_logs(task.op, task.device.name))
+def load_kernel(task: Task, logs: Iterable[str | Path] | None = None, validate: bool = True,
+                include_stale: bool = False) -> Kernel:
+    rec = best_record(task, logs if logs is not None else shipped_logs(task.op, task.device.name), include_stale)
     return Kernel(task, task.space.from_json(rec.config), validate=validate)

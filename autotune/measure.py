@@ -1,8 +1,11 @@
-"""Built libraries -> timings, in an isolated worker process with a timeout.
+"""Built libraries -> timings, in an isolated worker process with a timeout, on this machine's CPU or GPU.
 
 The worker keeps the task's inputs and reference output between candidates (a 1M-row table takes a second
-to make). Each candidate is first run once and compared with the PyTorch reference; only a correct result
-is timed. A candidate that segfaults or hangs takes the worker down, not the tuner: the pool restarts it.
+to make). Each candidate goes through the measurement core (`runtime.measure_file`): called once through the
+user's call path (`runtime.BoundKernel`) and compared with the PyTorch reference; only a correct result is
+timed, on that same call. A candidate that segfaults or hangs takes the worker down, not the tuner: the pool
+restarts it. Failures of the machinery rather than of the candidate (the task's data could not be made, the
+worker raised outside the kernel) are recorded as "harness" errors, which a resumed run measures again.
 """
 
 from __future__ import annotations
@@ -13,17 +16,10 @@ from typing import Any, Sequence
 
 from . import runtime
 from .build import Built, _last_lines
+from .runtime import HARNESS, Timing
 from .task import Task
 
-
-@dataclass(frozen=True)
-class Timing:
-    """How to time a candidate: TVM's time_evaluator settings (median of `repeat`, each >= min_repeat_ms)."""
-
-    number: int = 3
-    repeat: int = 5
-    min_repeat_ms: float = 50.0
-    seed: int = 0
+__all__ = ["HARNESS", "LocalRunner", "Measured", "Timing", "mismatch", "require_local_device", "task_data"]
 
 
 @dataclass(frozen=True)
@@ -34,19 +30,13 @@ class Measured:
     error: str | None = None
 
 
-_CACHE: dict[tuple[str, str, int], tuple[tuple[Any, ...], Any]] = {}
-_TVM_COPIES: dict[int, Any] = {}  # id(torch input) -> 64-byte aligned TVM copy, for time_evaluator
+def harness_error(err: BaseException, where: str) -> str:
+    return f"{where}: {type(err).__name__}: {_last_lines(str(err))}"
 
 
-def task_data(task: Task, seed: int) -> tuple[tuple[Any, ...], Any]:
-    """Inputs and reference output of a task, cached in this process."""
-    key = (task.op, task.workload_key, seed)
-    if key not in _CACHE:
-        _CACHE.clear()  # one task's data at a time: tables are large
-        _TVM_COPIES.clear()
-        inputs = task.template.inputs(task.workload, seed)
-        _CACHE[key] = (inputs, task.template.reference(task.workload, *inputs))
-    return _CACHE[key]
+def task_data(task: Task, seed: int) -> runtime.TaskData:
+    """Inputs and reference output of a task on its device, kept in this process for the next candidate."""
+    return runtime.task_data(task.template, task.workload, seed, "cuda" if task.device.is_gpu else "cpu")
 
 
 def mismatch(task: Task, out: Any, ref: Any) -> str | None:
@@ -54,52 +44,19 @@ def mismatch(task: Task, out: Any, ref: Any) -> str | None:
     return runtime.mismatch(out, ref, *task.template.tolerance(task.workload))
 
 
-_GPU_DATA: dict[tuple[str, str, int], runtime.TaskData] = {}
-
-
-def _measure_gpu(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
-    """The local GPU: CUDA events with L2 flushed between calls, via the same code as the offline runner."""
-    import torch
-
-    key = (task.op, task.workload_key, timing.seed)
-    if key not in _GPU_DATA:
-        _GPU_DATA.clear()
-        _GPU_DATA[key] = runtime.TaskData(task.template, task.workload, timing.seed, "cuda")
-    try:
-        func = runtime.load_function(lib)
-    except Exception as err:
-        return (), "runtime", f"{type(err).__name__}: {_last_lines(str(err))}"
-    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
-    spec = runtime.TimingSpec(timing.number, timing.repeat, timing.min_repeat_ms)
-    return runtime.check_and_time(_GPU_DATA[key], cfg, func, spec, l2)
+def _l2_bytes(task: Task) -> int:
+    return runtime.l2_bytes_here(task.device.gpu.l2_bytes if task.device.gpu else 0) if task.device.is_gpu else 0
 
 
 def _measure_one(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
-    """Runs in the measure worker: check against the reference, then time."""
-    import tvm
+    """Runs in the measure worker: the core's check-then-time on this machine's device."""
+    import tvm  # noqa: F401  (TVM's runtime, which the libraries link against; loaded once per worker)
 
-    if task.device.is_gpu:
-        return _measure_gpu(task, cfg, lib, timing)
-    inputs, ref = task_data(task, timing.seed)
-    try:
-        mod = tvm.runtime.load_module(lib)
-        args, out = task.kernel_args(cfg, task.pack(cfg, inputs), inputs)  # packing is not timed
-        mod["main"](*args)
-    except Exception as err:
-        return (), "runtime", f"{type(err).__name__}: {_last_lines(str(err))}"
-    why = mismatch(task, out, ref)
-    if why is not None:
-        return (), "wrong", why
-    dev = tvm.cpu(0)
-    evaluator = mod.time_evaluator("main", dev, number=timing.number, repeat=timing.repeat,
-                                   min_repeat_ms=int(timing.min_repeat_ms))
-    res = evaluator(*[_tvm_copy(a, dev, cache=any(a is t for t in inputs)) for a in args])
-    return tuple(float(c) for c in res.results), None, None
+    return runtime.measure_file(task_data(task, timing.seed), cfg, lib, timing, _l2_bytes(task))
 
 
 def _prepare(task: Task, seed: int) -> None:
-    if not task.device.is_gpu:
-        task_data(task, seed)
+    task_data(task, seed)
 
 
 def require_local_device(task: Task) -> None:
@@ -109,18 +66,6 @@ def require_local_device(task: Task) -> None:
     if task.device.is_gpu and not torch.cuda.is_available():
         raise ValueError(f"PyTorch sees no GPU here to measure {task.device.name} candidates; use "
                          "--runner offline:DIR to measure on a GPU machine, or --dry-run to only build")
-
-
-def _tvm_copy(t: Any, dev: Any, cache: bool) -> Any:
-    """time_evaluator takes TVM tensors, which must be 64-byte aligned; torch's small tensors may not be."""
-    import tvm
-
-    if cache and id(t) in _TVM_COPIES:
-        return _TVM_COPIES[id(t)]
-    copy = tvm.runtime.tensor(t.numpy(), dev)
-    if cache:
-        _TVM_COPIES[id(t)] = copy
-    return copy
 
 
 class LocalRunner:
@@ -143,6 +88,21 @@ class LocalRunner:
         self._worker.send(fn, args, timeout=timeout)
         return self._worker.recv()
 
+    def _ensure_prepared(self, task: Task) -> str | None:
+        """Make the task's data in the worker (once per task and worker); why it failed, or None."""
+        if self._prepared == task.workload_key and self._worker.is_alive():
+            return None
+        try:
+            self._call(_prepare, (task, self.timing.seed), self.prepare_timeout)
+        except TimeoutError:
+            return f"making the task's inputs took over {self.prepare_timeout:.0f} s"
+        except ChildProcessError:
+            return "the measure worker died making the task's inputs"
+        except Exception as err:
+            return harness_error(err, "making the task's inputs failed")
+        self._prepared = task.workload_key
+        return None
+
     def measure(self, task: Task, built: Sequence[Built]) -> list[Measured]:
         require_local_device(task)
         out = []
@@ -150,23 +110,27 @@ class LocalRunner:
             if b.lib is None:
                 out.append(Measured(b, (), b.error_kind, b.error))
                 continue
-            if self._prepared != task.workload_key or not self._worker.is_alive():
-                self._call(_prepare, (task, self.timing.seed), self.prepare_timeout)
-                self._prepared = task.workload_key
-            try:
-                costs, kind, msg = self._call(_measure_one, (task, b.config, b.lib, self.timing), self.timeout)
-                out.append(Measured(b, costs, kind, msg))
-            except TimeoutError:
-                out.append(Measured(b, (), "timeout", f"no result within {self.timeout:.0f} s (hang?)"))
-            except ChildProcessError:
-                out.append(Measured(b, (), "crash", "the measure worker died running this candidate"))
-            except Exception as err:  # raised inside the worker by something outside the kernel
-                out.append(Measured(b, (), "runtime", f"{type(err).__name__}: {_last_lines(str(err))}"))
+            unprepared = self._ensure_prepared(task)
+            if unprepared is not None:
+                out.append(Measured(b, (), HARNESS, unprepared))
+            else:
+                out.append(self._measure_built(task, b))
             try:
                 os.unlink(b.lib)
             except OSError:
                 pass
         return out
+
+    def _measure_built(self, task: Task, b: Built) -> Measured:
+        try:
+            costs, kind, msg = self._call(_measure_one, (task, b.config, b.lib, self.timing), self.timeout)
+            return Measured(b, costs, kind, msg)
+        except TimeoutError:
+            return Measured(b, (), "timeout", f"no result within {self.timeout:.0f} s (hang?)")
+        except ChildProcessError:
+            return Measured(b, (), "crash", "the measure worker died running this candidate")
+        except Exception as err:  # raised inside the worker by something outside the kernel
+            return Measured(b, (), HARNESS, harness_error(err, "the measure worker failed"))
 
     def close(self) -> None:
         self._worker.kill()

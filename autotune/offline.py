@@ -16,9 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import package, runtime
+from . import package
 from .build import Built
-from .measure import Measured, Timing
+from .measure import HARNESS, Measured, Timing
 from .offline_measure import BATCH, RESULTS, _write_json
 from .task import Task
 
@@ -63,8 +63,7 @@ class OfflineRunner:
         spec = {"format": package.FORMAT, "op": task.op, "workload": task.workload.to_json(),
                 "device": task.device.name, "gpu": task.device.is_gpu,
                 "l2_bytes": task.device.gpu.l2_bytes if task.device.gpu else 0, "seed": self.timing.seed,
-                "timing": asdict(runtime.TimingSpec(self.timing.number, self.timing.repeat,
-                                                    self.timing.min_repeat_ms)),
+                "timing": asdict(self.timing),
                 "candidates": candidates}
         _write_json(batch / BATCH, spec)  # written last: a watcher never sees a half-written batch
         return batch
@@ -78,7 +77,7 @@ class OfflineRunner:
                      f"`python {self.root}/measure.py` (waiting for {batch.name}/{RESULTS})")
             by_id = {r["id"]: r for r in self._wait(batch / RESULTS)["results"]}
             for i, b in enumerate(ready):
-                r = by_id.get(i, {"costs": [], "error_kind": "crash", "error": "missing from results.json"})
+                r = by_id.get(i, {"costs": [], "error_kind": HARNESS, "error": "missing from results.json"})
                 outcome[id(b)] = Measured(b, tuple(r["costs"]), r["error_kind"], r["error"])
         return [outcome.get(id(b)) or Measured(b, (), b.error_kind, b.error) for b in built]
 

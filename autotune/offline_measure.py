@@ -5,8 +5,8 @@ Copied into DIR as `measure.py`; run it on the device (PyTorch + `apache-tvm-ffi
     python DIR/measure.py            # measure every batch in DIR that has no results yet
     python DIR/measure.py --watch    # keep measuring batches as the tuner writes them (shared directory)
 
-Each candidate is run once and compared with the PyTorch reference before it is timed, exactly as the local
-runner does (same code: autotune_runtime.py). A candidate that crashes the process takes only itself: the
+Each candidate is run once through the user's call path and compared with the PyTorch reference before that
+call is timed, exactly as the local runner does (same code: autotune_runtime.measure_file). A candidate that crashes the process takes only itself: the
 script runs each batch in a child process and marks the candidate it was on as crashed when it dies.
 """
 
@@ -53,15 +53,18 @@ def measure_batch(batch_dir: Path) -> None:
     rt.load_runtime(str(HERE / "lib"), cuda=gpu)
     template = search_spaces.get(spec["op"])
     workload = template.Workload.from_json(spec["workload"])
-    timing = rt.TimingSpec(**spec["timing"])
-    l2 = spec.get("l2_bytes", 0)
-    if gpu:
-        import torch
-
-        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)) or l2
+    timing = rt.Timing(**spec["timing"])
+    l2 = rt.l2_bytes_here(spec.get("l2_bytes", 0)) if gpu else 0
     progress_file = batch_dir / PROGRESS
     done = json.loads(progress_file.read_text()) if progress_file.exists() else {}
-    data = rt.TaskData(template, workload, spec["seed"], device)
+    try:
+        data = rt.TaskData(template, workload, spec["seed"], device)
+    except Exception as err:  # the harness's failure: no candidate is to blame, a resumed run measures them
+        msg = f"making the task's inputs failed: {type(err).__name__}: {err}"[:500]
+        done.update({str(c["id"]): {"costs": [], "error_kind": rt.HARNESS, "error": msg} for c in spec["candidates"]
+                     if str(c["id"]) not in done})
+        _write_json(progress_file, done)
+        return
     for cand in spec["candidates"]:
         cid = str(cand["id"])
         if cid in done:
@@ -69,16 +72,18 @@ def measure_batch(batch_dir: Path) -> None:
         done[cid] = {"costs": [], "error_kind": "crash", "error": IN_PROGRESS}
         _write_json(progress_file, done)  # if we die now, this candidate is the one to blame
         try:
-            func = rt.load_function(str(batch_dir / cand["file"]))
-            costs, kind, msg = rt.check_and_time(data, _config(cand["config"]), func, timing, l2)
-        except Exception as err:  # loading failed: the candidate's error, not the script's
-            costs, kind, msg = (), "runtime", f"{type(err).__name__}: {err}"[:500]
+            costs, kind, msg = rt.measure_file(data, _config(cand["config"]), str(batch_dir / cand["file"]),
+                                               timing, l2)
+        except Exception as err:  # raised outside the kernel: this script's failure, not the candidate's
+            costs, kind, msg = (), rt.HARNESS, f"{type(err).__name__}: {err}"[:500]
         done[cid] = {"costs": list(costs), "error_kind": kind, "error": msg}
         _write_json(progress_file, done)
 
 
 def run_batch(batch_dir: Path, timeout: float) -> None:
     """Measure a batch in child processes until every candidate has an outcome, then publish results.json."""
+    import autotune_runtime as rt
+
     while True:
         spec = json.loads((batch_dir / BATCH).read_text())
         try:
@@ -92,7 +97,7 @@ def run_batch(batch_dir: Path, timeout: float) -> None:
         progress = json.loads((batch_dir / PROGRESS).read_text()) if (batch_dir / PROGRESS).exists() else {}
         if finished or len(progress) >= len(spec["candidates"]):
             break
-    results = [dict(id=c["id"], **progress.get(str(c["id"]), {"costs": [], "error_kind": "crash",
+    results = [dict(id=c["id"], **progress.get(str(c["id"]), {"costs": [], "error_kind": rt.HARNESS,
                                                                "error": "not measured"}))
                for c in spec["candidates"]]
     _write_json(batch_dir / RESULTS, {"format": 1, "results": results, "host": os.uname().nodename})

@@ -12,6 +12,7 @@ from logs; the offline runner writes one per candidate batch, with `measure.py` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -74,6 +75,21 @@ def _cudart() -> str | None:
     return None
 
 
+def file_sha256(path: str | Path) -> str:
+    """The hex sha256 of a file: a manifest entry records its kernel's, so `autotune check` sees a swapped file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def entry_digest(entry: dict[str, Any]) -> str:
+    """A digest of a manifest entry's own fields (all but `entry_digest`), so a hand edit shows."""
+    fields = {k: v for k, v in entry.items() if k != "entry_digest"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Atomically: a reader never sees half a manifest."""
     fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
@@ -128,11 +144,14 @@ def export(records: Iterable[Any], out: str | Path, builder: Any = None,
             shutil.move(built.lib, out / "kernels" / name)
             entries.append({"file": f"kernels/{name}", "op": rec.op, "workload": rec.workload,
                             "workload_key": rec.workload_key, "device": rec.device, "target": rec.target,
-                            "config": rec.config, "latency_s": rec.latency,
-                            "speedup_vs_torch": (speedups or {}).get(rec.task)})
+                            "config": rec.config, "template_version": rec.template_version,
+                            "latency_s": rec.latency, "speedup_vs_torch": (speedups or {}).get(rec.task),
+                            "sha256": file_sha256(out / "kernels" / name)})
     finally:
         if own:
             builder.close()
+    for e in entries:  # last, over every field an entry got: `autotune check` tells a hand edit by it
+        e["entry_digest"] = entry_digest(e)
     write_support_files(out, {e["op"] for e in entries}, gpu=any(e["device"].startswith("cuda") for e in entries))
     manifest = {"format": FORMAT, "tvm_version": tvm.__version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "kernels": entries}

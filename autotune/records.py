@@ -7,21 +7,26 @@ to export. So a write must never lose earlier lines, and a damaged line must nev
 from __future__ import annotations
 
 import fcntl
+import functools
+import importlib.resources
 import json
 import math
 import os
 import statistics
+import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-FORMAT_VERSION = 1
-SHIPPED_LOGS = Path(__file__).resolve().parent.parent / "logs"
+# 2: records carry `template_version`. Version-1 lines still load, with template_version "" (stale).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # Error kinds a measurement can end in; None means the candidate ran and matched the reference.
-ERROR_KINDS = ("invalid", "build", "build_timeout", "crash", "timeout", "runtime", "wrong")
+# "harness": the measuring machinery failed (not the candidate), so resume measures the config again.
+ERROR_KINDS = ("invalid", "build", "build_timeout", "crash", "timeout", "runtime", "wrong", "harness")
 
 
 class CorruptLogWarning(UserWarning):
@@ -45,6 +50,7 @@ class Record:
     build_s: float = 0.0
     timestamp: float = field(default_factory=time.time)
     tvm_version: str = ""
+    template_version: str = ""  # search_spaces.version.template_version of the code that made the kernel
     version: int = FORMAT_VERSION
 
     @property
@@ -68,8 +74,8 @@ class Record:
     @classmethod
     def from_json(cls, line: str) -> "Record":
         d = json.loads(line)
-        if not isinstance(d, dict) or d.get("version") != FORMAT_VERSION:
-            raise ValueError(f"not a version-{FORMAT_VERSION} record")
+        if not isinstance(d, dict) or d.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"not a version-{'/'.join(map(str, READABLE_VERSIONS))} record")
         d["costs"] = tuple(float(c) for c in d.get("costs", ()))
         if d.get("error_kind") not in (None, *ERROR_KINDS):
             raise ValueError(f"unknown error kind {d.get('error_kind')!r}")
@@ -129,7 +135,85 @@ def best(records: Iterable[Record], op: str, workload_key: str, device: str) -> 
     return min(ok, key=lambda r: r.latency) if ok else None
 
 
+def current_version(op: str, device: str) -> str | None:
+    """The template version records of `op` on `device` must carry to count (search_spaces.version); None if
+    this installation has no such template, so its records cannot be shown current."""
+    import search_spaces
+    from search_spaces.version import template_version
+
+    try:
+        template = search_spaces.get(op)
+    except (LookupError, ImportError):
+        return None
+    return template_version(template, device)
+
+
+def current(records: Iterable[Record], include_stale: bool = False) -> list[Record]:
+    """The records measured with the template code this installation has (all of them with `include_stale`)."""
+    if include_stale:
+        return list(records)
+    versions: dict[tuple[str, str], str | None] = {}
+    out = []
+    for r in records:
+        key = (r.op, r.device)
+        if key not in versions:
+            versions[key] = current_version(*key)
+        if r.template_version == versions[key]:
+            out.append(r)
+    return out
+
+
+def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str | None = None) -> int:
+    """Mark `op`'s records of one device kind ("cpu", "cuda") in `path` as measured with template `version`
+    (default: the current one), rewriting the log atomically; returns how many were retagged.
+
+    For maintainers, after proving a refactor leaves the generated code unchanged; never while a tuner writes
+    to the log. Other records, and lines that do not parse, are kept byte for byte.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    out, n = [], 0
+    for line in lines:
+        try:
+            r = Record.from_json(line)
+        except (ValueError, TypeError, KeyError):
+            out.append(line)
+            continue
+        if r.op != op or r.device.split(":")[0] != device_kind:
+            out.append(line)
+            continue
+        tag = version if version is not None else current_version(r.op, r.device)
+        if tag is None:
+            raise LookupError(f"no template {op!r} here to take the version from; pass version=")
+        out.append(replace(r, template_version=tag, version=FORMAT_VERSION).to_json() + "\n")
+        n += 1
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(out)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return n
+
+
+@functools.cache
+def _shipped_root() -> Path:
+    """Where the shipped records are installed: package data `autotune._shipped_logs` (pyproject maps it to
+    the repository's logs/), found through the import system so wheel and editable installs both work; the
+    repository's logs/ for a source tree run without installing."""
+    try:
+        root = importlib.resources.files(f"{__package__}._shipped_logs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "logs"
+    return Path(str(root.joinpath("README.md"))).parent
+
+
 def shipped_logs(op: str, device: str) -> list[Path]:
     """Pre-tuned logs shipped with the project, logs/<device kind>/<op>.jsonl, like TVM's TopHub."""
-    path = SHIPPED_LOGS / device.split(":")[0] / f"{op}.jsonl"
+    path = _shipped_root() / device.split(":")[0] / f"{op}.jsonl"
     return [path] if path.exists() else []

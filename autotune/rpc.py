@@ -1,30 +1,32 @@
 """`--runner rpc://HOST:PORT/KEY`: measure on a farm of devices through TVM's RPC tracker and servers.
 
 The tuner builds here (cross-compiling for the devices' target); each candidate's library is uploaded to a
-server registered under KEY, run once on inputs made here from the template's `inputs`, its output copied back
-and compared with the PyTorch reference here, and only a correct one is timed on the device with TVM's
-`time_evaluator`: the local runner's method. A batch is spread over the servers, one slot per server: each slot
-is a worker process (TVM's PopenWorker, so a hung call is killed by a timeout) holding one RPC session, with
-the task's inputs uploaded once, for the batch.
+server registered under KEY, which must be an `autotune rpc server`: TVM's server plus two functions that run
+the local runner's code there (`measure._measure_one`, the measurement core). The server makes the task's
+inputs and reference once per session, then for each candidate calls it once through the user's call path,
+compares with the reference and times that same call, so a farm's figures are the local runner's. TVM's
+stock server can only time with `time_evaluator` (not what a user's call costs) and is refused with a clear
+error. A batch is spread over the servers, one slot per server: each slot is a worker process (TVM's
+PopenWorker, so a hung call is killed by a timeout) holding one RPC session for the batch.
 
 Faults cost only the candidates in flight. A session that is lost is attributed with the tracker's help: if
 the server is gone from the tracker, the server died and the candidate is measured again on another one (up
 to `retries` times); if the server is still registered, the candidate ended its own session (a crash) and is
-recorded as such. A candidate that outlasts `timeout` is recorded as a `timeout` and its slot starts a new
+recorded as such; a candidate whose server died every time it ran is a harness error (a resumed run
+measures it again). A candidate that outlasts `timeout` is recorded as a `timeout` and its slot starts a new
 session (TVM's server ends the hung one when the session's timeout expires).
 
-TVM's stock server stops serving after a session process dies abnormally (a segfaulting candidate): a farm
-that should outlive such candidates runs `autotune rpc server`, which is TVM's server with that one thing
-changed.
+TVM's stock server also stops serving after a session process dies abnormally (a segfaulting candidate);
+`autotune rpc server` serves on.
 """
 
 from __future__ import annotations
 
 import collections
-import math
+import json
 import os
+import pickle
 import socket
-import statistics
 import sys
 import threading
 import time
@@ -33,10 +35,11 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from .build import Built, _last_lines
-from .measure import Measured, Timing, mismatch, task_data
+from .measure import HARNESS, Measured, Timing, _measure_one, harness_error, task_data
 from .task import Task
 
 DEFAULT_TRACKER_PORT = 9190
+PREPARE, MEASURE = "autotune.rpc.prepare", "autotune.rpc.measure"  # registered by `autotune rpc server`
 
 
 class RPCUnavailable(ConnectionError):
@@ -135,17 +138,21 @@ def status_text(host: str, port: int) -> str:
 
 
 # ---- the measure worker's side (runs in a PopenWorker, one per slot) ----------------------------------------
-_SESSION: dict[str, Any] = {}  # the worker's open session: sess, dev, remote copies of the inputs, server
+_SESSION: dict[str, Any] = {}  # the worker's open session: sess, its measure function, server, uploads
+
+
+class StockServer(RPCUnavailable):
+    """The server lacks our measure function: it is TVM's stock server, which can only time with time_evaluator
+    (not the user's call path), so it is refused rather than measured differently."""
 
 
 def _open_session(farm: Farm, task: Task, seed: int, session_timeout: float) -> tuple[str, int]:
-    """Ask the tracker for a server of the key (waiting while all are busy), connect, upload the inputs."""
-    import tvm
+    """Ask the tracker for a server of the key (waiting while all are busy), connect, and have the server make
+    the task's inputs and reference (once per session, within the prepare timeout)."""
     from tvm import rpc
     from tvm.rpc import base
 
     _close_session()
-    inputs, _ = task_data(task, seed)  # made here, before a server is held
     sock = _tracker_socket(farm.host, farm.port, timeout=None)
     try:
         base.sendjson(sock, [base.TrackerCode.REQUEST, farm.key, "", 1])
@@ -156,20 +163,23 @@ def _open_session(farm: Farm, task: Task, seed: int, session_timeout: float) -> 
         raise RPCUnavailable(f"the tracker refused a {farm.key} server: {value!r}")
     url, port, matchkey = value[1]
     sess = rpc.connect(url, port, matchkey, session_timeout=max(1, int(session_timeout)))
-    dev = sess.cuda(0) if task.device.is_gpu else sess.cpu(0)
-    remote = {id(t): tvm.runtime.tensor(t.numpy(), dev) for t in inputs if _is_tensor(t)}
-    _SESSION.update(sess=sess, dev=dev, remote=remote, server=(url, int(port)), uploads=0, seed=seed)
+    try:
+        prepare, measure = sess.get_function(PREPARE), sess.get_function(MEASURE)
+    except Exception:
+        raise StockServer(f"the {farm.key!r} server at {url}:{port} is TVM's stock RPC server, which cannot time "
+                          f"candidates through the call path users run; start it as `autotune rpc server "
+                          f"--tracker {farm.host}:{farm.port} --key {farm.key}` instead") from None
+    unprepared = prepare(_request(task, None, Timing(seed=seed))) or None
+    _SESSION.update(sess=sess, measure=measure, server=(url, int(port)), uploads=0, unprepared=unprepared)
     return url, int(port)
+
+
+def _request(task: Task, cfg: Any, timing: Timing) -> bytearray:
+    return bytearray(pickle.dumps((task, cfg, timing)))
 
 
 def _close_session() -> None:
     _SESSION.clear()  # dropping the last reference to the session closes it
-
-
-def _is_tensor(x: Any) -> bool:
-    import torch
-
-    return isinstance(x, torch.Tensor)
 
 
 def _alive() -> bool:
@@ -180,68 +190,28 @@ def _alive() -> bool:
         return False
 
 
-def _after_error(task: Task, err: Exception) -> tuple[tuple[float, ...], str, str, str]:
-    """A remote call failed: the kernel's error on a live session, or the session itself is gone."""
-    msg = f"{type(err).__name__}: {_last_lines(str(err))}"
-    if not _alive():
-        _close_session()
-        return (), "crash", msg, "lost"
-    if task.device.is_gpu:  # a CUDA error poisons the session's context: the next candidate gets a fresh one
-        _close_session()
-        return (), "runtime", msg, "reset"
-    return (), "runtime", msg, "ok"
-
-
 def _measure_remote(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None,
                                                                              str | None, str]:
-    """(costs, error_kind, error, session status): upload, run once, check here, then time on the device."""
-    import torch
-    import tvm
-
+    """(costs, error_kind, error, session status): upload the library, and let the server check and time it."""
     if not _SESSION:
-        return (), "crash", "no RPC session", "lost"
-    sess, dev, remote = _SESSION["sess"], _SESSION["dev"], _SESSION["remote"]
-    inputs, ref = task_data(task, _SESSION["seed"])
-    args, out = task.kernel_args(cfg, task.pack(cfg, inputs), inputs)  # packing is not timed, as locally
+        return (), HARNESS, "no RPC session", "lost"
+    if _SESSION["unprepared"]:
+        return (), HARNESS, _SESSION["unprepared"], "ok"
     try:
         name = f"c{_SESSION['uploads']}.so"
         _SESSION["uploads"] += 1
-        sess.upload(lib, name)
-        mod = sess.load_module(name)
-        rargs = [(remote[id(a)] if id(a) in remote else tvm.runtime.tensor(a.numpy(), dev)) if _is_tensor(a) else a
-                 for a in args]
-        mod["main"](*rargs)
-        for a, r in zip(args, rargs):  # the output (and whatever shares its storage) comes back
-            if _is_tensor(a) and a.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
-                a.copy_(torch.from_numpy(r.numpy()))
-    except Exception as err:
-        return _after_error(task, err)
-    why = mismatch(task, out, ref)
-    if why is not None:
-        return (), "wrong", why, "ok"
-    try:
-        costs = _time_remote(task, mod, dev, rargs, timing)
-    except Exception as err:
-        return _after_error(task, err)
-    return costs, None, None, "ok"
-
-
-def _time_remote(task: Task, mod: Any, dev: Any, rargs: Sequence[Any], timing: Timing) -> tuple[float, ...]:
-    """TVM's time_evaluator on the device. CPU: as `LocalRunner`. GPU: as the local and offline runners, L2
-    flushed before every call and each call timed alone (CUDA events), a repeat being the mean of its calls."""
-    if not task.device.is_gpu:
-        f = mod.time_evaluator("main", dev, number=timing.number, repeat=timing.repeat,
-                               min_repeat_ms=int(timing.min_repeat_ms))
-        return tuple(float(c) for c in f(*rargs).results)
-    flush = 2 * (task.device.gpu.l2_bytes if task.device.gpu else 0) or (1 << 20)
-    probe = mod.time_evaluator("main", dev, number=1, repeat=max(timing.number, 1), cache_flush_bytes=flush)
-    t0 = time.perf_counter()
-    probe(*rargs)
-    per_call = (time.perf_counter() - t0) / max(timing.number, 1)  # with the flush and the RPC round trip
-    calls = int(max(timing.number, min(10_000, math.ceil(timing.min_repeat_ms / 1e3 / max(per_call, 1e-7)))))
-    f = mod.time_evaluator("main", dev, number=1, repeat=calls * timing.repeat, cache_flush_bytes=flush)
-    res = list(f(*rargs).results)
-    return tuple(statistics.fmean(res[i * calls:(i + 1) * calls]) for i in range(timing.repeat))
+        _SESSION["sess"].upload(lib, name)
+        costs, kind, msg = json.loads(_SESSION["measure"](name, _request(task, cfg, timing)))
+    except Exception as err:  # the session died (the candidate or the server), or our server function failed
+        msg = f"{type(err).__name__}: {_last_lines(str(err))}"
+        if not _alive():
+            _close_session()
+            return (), "crash", msg, "lost"
+        return (), HARNESS, msg, "ok"
+    if kind == "runtime" and task.device.is_gpu:  # a CUDA error poisons the context: a fresh session next
+        _close_session()
+        return (), kind, msg, "reset"
+    return tuple(costs), kind, msg, "ok"
 
 
 # ---- the tuner's side -----------------------------------------------------------------------------------------
@@ -254,7 +224,7 @@ class _Item:
 class RPCRunner:
     """Measures a batch in parallel on the servers registered under a key at a TVM RPC tracker.
 
-    `timeout`: per candidate (upload, check, timing); `prepare_timeout`: to get a server and upload the inputs;
+    `timeout`: per candidate (upload, check, timing); `prepare_timeout`: to get a server and make the inputs there;
     `retries`: how often a candidate whose server died is measured again elsewhere; `wait_s`: how long to wait
     for a server when none is registered; `on_dispatch(server, config)` is called as each candidate is sent.
     """
@@ -273,6 +243,7 @@ class RPCRunner:
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.on_dispatch = on_dispatch
         self._workers: list[Any] = []
+        self._refused: list[StockServer] = []
         self.summary()  # an unreachable tracker fails here, before anything is built
 
     def summary(self) -> dict[str, Any]:
@@ -310,6 +281,8 @@ class RPCRunner:
                     t.start()
                 for t in threads:
                     t.join()
+                if self._refused:
+                    raise self._refused[0]
                 if len(done) > before:
                     last_progress = time.monotonic()
                 elif queue and time.monotonic() - last_progress > self.wait_s:
@@ -346,6 +319,9 @@ class RPCRunner:
                     server = self._call(worker, _open_session, (self.farm, task, self.timing.seed, session_timeout),
                                         self.prepare_timeout)
                     opened += 1
+                except StockServer as err:  # refused for the whole run: `measure` raises it
+                    self._refused.append(err)
+                    break
                 except Exception as err:  # no server within prepare_timeout, or it died while we connected
                     self.say(f"rpc: could not open a session on a {self.farm.key} server: {_last_lines(str(err), 1)}")
                     break
@@ -366,8 +342,8 @@ class RPCRunner:
                 continue
             except ChildProcessError:
                 costs, kind, msg, status = (), "crash", "the measure worker died", "lost"
-            except Exception as err:  # raised in the worker outside the kernel (e.g. packing)
-                costs, kind, msg, status = (), "runtime", f"{type(err).__name__}: {_last_lines(str(err))}", "ok"
+            except Exception as err:  # raised in the worker outside the kernel
+                costs, kind, msg, status = (), HARNESS, harness_error(err, "the RPC measure worker failed"), "ok"
             if status == "lost":
                 lost, server = server, None
                 if self._still_registered(lost):
@@ -379,7 +355,7 @@ class RPCRunner:
                     with lock:
                         queue.appendleft(item)
                 else:
-                    done[id(b)] = Measured(b, (), "crash", f"its RPC server went away each of the "
+                    done[id(b)] = Measured(b, (), HARNESS, f"its RPC server went away each of the "
                                                            f"{item.attempts + 1} times it ran: {msg}")
                 continue
             if status == "reset":
@@ -422,7 +398,36 @@ def _addr(server: tuple[str, int] | None) -> str:
     return "?" if server is None else f"{server[0]}:{server[1]}"
 
 
-# ---- `autotune rpc server`: TVM's server, kept serving after a candidate kills its session --------------------
+# ---- `autotune rpc server`: TVM's server with the measurement core, kept serving after a crash ---------------
+def _serve_prepare(request: bytes) -> str:
+    """Make the task's inputs and reference in this session's process: "" or why it failed (a harness error)."""
+    task, _, timing = pickle.loads(request)
+    try:
+        task_data(task, timing.seed)
+    except Exception as err:
+        return harness_error(err, "making the task's inputs on the RPC server failed")
+    return ""
+
+
+def _serve_measure(lib_name: str, request: bytes) -> str:
+    """Check and time an uploaded candidate here with the local runner's code; JSON [costs, error_kind, error]."""
+    import tvm_ffi
+
+    task, cfg, timing = pickle.loads(request)
+    path = tvm_ffi.get_global_func("tvm.rpc.server.workpath")(lib_name)
+    return json.dumps(_measure_one(task, cfg, path, timing))
+
+
+def server_init() -> None:
+    """Runs in the server's process before it serves (`tvm.rpc.Server`'s `server_init_callback`): registers
+    the measure functions, which each session's process inherits, and keeps serving after a crash."""
+    import tvm_ffi
+
+    tvm_ffi.register_global_func(PREPARE, _serve_prepare, override=True)
+    tvm_ffi.register_global_func(MEASURE, _serve_measure, override=True)
+    keep_serving_after_crash()
+
+
 def keep_serving_after_crash() -> None:
     """TVM's server (`tvm.rpc.server`) stops serving when a session process dies abnormally, i.e. when a
     segfaulting candidate is measured on it; here that is logged and the next session is served.
@@ -463,6 +468,6 @@ def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_
                 raise
             time.sleep(1.0)
     srv = rpc.Server(host, port, port_end, key=key, tracker_addr=(thost, tport), custom_addr=custom_addr,
-                     server_init_callback=keep_serving_after_crash)
+                     server_init_callback=server_init)
     print(f"serving key {key!r} on {host}:{srv.port}, registered at tracker {thost}:{tport}", flush=True)
     srv.proc.join()

@@ -4,7 +4,9 @@ Needs `apache-tvm-ffi`, PyTorch and TVM's runtime libraries (`libtvm_runtime.so`
 `libtvm_runtime_cuda.so`: a few MB, shipped inside kernel packages). This file imports nothing else of
 `autotune`, so a kernel package carries a copy of it: on a GPU machine without the 260 MB compiler it runs
 exported kernels and measures candidate batches built elsewhere (`autotune tune --runner offline:DIR`).
-The local runner uses the same code, so a candidate is checked and timed alike on either path.
+It is the one measurement core: the local, offline and RPC runners check and time a candidate with
+`check_and_time` on a `BoundKernel`, the call path `autotune.kernel` and the torch ops run, so the latency
+recorded for a config is the one a caller sees, and `bench` times kernels the same way.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import ctypes
 import glob
 import os
 import statistics
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so")
+HARNESS = "harness"  # the error kind of a failure of the measuring machinery, not of the candidate
 _LOADED: set[str] = set()
 
 
@@ -80,34 +85,100 @@ def call(func: Any, args: Sequence[Any], on_gpu: bool) -> None:
 
 
 @dataclass(frozen=True)
-class TimingSpec:
-    """How to time: median of `repeat` measurements, each of >= `number` calls and >= min_repeat_ms."""
+class Timing:
+    """How to time a candidate: median of `repeat` measurements, each of >= `number` calls and >= min_repeat_ms,
+    on the inputs made with `seed`."""
 
     number: int = 3
     repeat: int = 5
     min_repeat_ms: float = 50.0
+    seed: int = 0
     flush_l2: bool = True  # GPU: overwrite a buffer twice the L2's size before each measured call
 
 
-def time_cpu(run: Callable[[], None], spec: TimingSpec) -> list[float]:
-    """Seconds per call, per repeat: each repeat grows its call count until it lasts min_repeat_ms."""
-    run()  # warm-up
+def _version(t: Any) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter (and cannot change outside it)
+        return -1
+
+
+class BoundKernel:
+    """A compiled kernel bound to its template, workload and config: `bound(*reference-order tensors) -> output`.
+
+    This is the call path every user of a kernel takes (autotune.kernel, the torch ops) and the one the runners
+    time, so a recorded latency is what a caller sees. Inputs are not validated here (callers that take user
+    tensors check them first). Weights are packed once per weight tensor: keyed by storage, version counter,
+    shape, dtype and device, and valid while the packed tensor is alive (weak references), so an in-place
+    update or a new tensor at a freed address is packed anew.
+    """
+
+    def __init__(self, template: Any, workload: Any, config: Any, func: Any, on_gpu: bool):
+        self.template, self.workload, self.config, self.func, self.on_gpu = template, workload, config, func, on_gpu
+        self._positions = tuple(template.WEIGHTS)
+        self._packs: dict[tuple[Any, ...], tuple[list[Any], tuple[Any, ...]]] = {}
+        self._lock = threading.Lock()
+        if on_gpu:
+            import torch
+
+            self._torch = torch
+
+    def pack(self, tensors: Sequence[Any]) -> tuple[Any, ...]:
+        """The config's packed weights for these reference-order tensors (made on first sight of a weight)."""
+        if not self._positions:
+            return ()
+        weights = [tensors[i] for i in self._positions]
+        key = tuple((t.data_ptr(), _version(t), tuple(t.shape), t.dtype, t.device) for t in weights)
+        hit = self._packs.get(key)
+        if hit is not None and all(ref() is not None for ref in hit[0]):
+            return hit[1]
+        with self._lock:
+            packed = tuple(self.template.pack(self.workload, self.config, *weights))
+            live = {k: v for k, v in self._packs.items() if all(ref() is not None for ref in v[0])}
+            live[key] = ([weakref.ref(t) for t in weights], packed)
+            self._packs = live  # replaced whole: a concurrent reader sees the old dict or the new one
+            return packed
+
+    def arguments(self, *tensors: Any) -> tuple[Sequence[Any], Any]:
+        """The kernel's argument list (outputs allocated) and the output, as `__call__` passes them."""
+        return self.template.kernel_args(self.workload, self.config, self.pack(tensors), *tensors)
+
+    def __call__(self, *tensors: Any) -> Any:
+        args, out = self.template.kernel_args(self.workload, self.config, self.pack(tensors), *tensors)
+        if self.on_gpu:
+            with self._torch.cuda.device(out.device):
+                call(self.func, args, on_gpu=True)
+        else:
+            self.func(*args)
+        return out
+
+
+def time_cpu(run: Callable[[], None], timing: Timing) -> list[float]:
+    """Seconds per call, per repeat: each repeat grows its call count until it lasts min_repeat_ms.
+
+    A warm-up as long as one repeat comes first: a kernel's first calls pay for page faults of fresh output
+    buffers, the allocator's thresholds settling and clocks ramping up, which a caller's steady state does not
+    (with a one-call warm-up the first repeats of a 0.09 ms kernel read 0.18 ms). It also sizes the repeats."""
+    warm, t0 = 0, time.perf_counter()
+    while warm < 1 or (time.perf_counter() - t0) * 1e3 < timing.min_repeat_ms:
+        run()
+        warm += 1
     costs = []
-    number = spec.number
-    for _ in range(spec.repeat):
+    number = max(timing.number, warm)
+    for _ in range(timing.repeat):
         while True:
             t0 = time.perf_counter()
             for _ in range(number):
                 run()
             elapsed = time.perf_counter() - t0
-            if elapsed * 1e3 >= spec.min_repeat_ms or number >= 1 << 20:
+            if elapsed * 1e3 >= timing.min_repeat_ms or number >= 1 << 20:
                 break
-            number = max(number * 2, int(number * spec.min_repeat_ms / max(elapsed * 1e3, 1e-3) * 1.1))
+            number = max(number * 2, int(number * timing.min_repeat_ms / max(elapsed * 1e3, 1e-3) * 1.1))
         costs.append(elapsed / number)
     return costs
 
 
-def time_cuda(run: Callable[[], None], spec: TimingSpec, l2_bytes: int) -> list[float]:
+def time_cuda(run: Callable[[], None], timing: Timing, l2_bytes: int) -> list[float]:
     """Seconds per call, per repeat, by CUDA events; L2 flushed before every call (cold-cache tables).
 
     Each repeat is the mean of the calls within it, each call individually bracketed by events so that the
@@ -115,16 +186,16 @@ def time_cuda(run: Callable[[], None], spec: TimingSpec, l2_bytes: int) -> list[
     """
     import torch
 
-    flush = torch.empty(max(2 * l2_bytes, 1 << 20), dtype=torch.uint8, device="cuda") if spec.flush_l2 else None
+    flush = torch.empty(max(2 * l2_bytes, 1 << 20), dtype=torch.uint8, device="cuda") if timing.flush_l2 else None
     for _ in range(3):
         run()  # warm-up: module load, caches of the driver
     torch.cuda.synchronize()
     costs = []
-    for _ in range(spec.repeat):
+    for _ in range(timing.repeat):
         events = []
-        budget = time.perf_counter() + spec.min_repeat_ms / 1e3
+        budget = time.perf_counter() + timing.min_repeat_ms / 1e3
         n = 0
-        while n < spec.number or time.perf_counter() < budget:
+        while n < timing.number or time.perf_counter() < budget:
             if flush is not None:
                 flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -165,34 +236,71 @@ class TaskData:
         self.inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else
                             [x.to(device) for x in t] if isinstance(t, (list, tuple)) else t for t in inputs)
         self.reference = template.reference(workload, *self.inputs)
-        self.packed: dict[Any, tuple[Any, ...]] = {}
 
-    def pack(self, cfg: Any) -> tuple[Any, ...]:
-        """The config's packed weights (packing is not timed; configs of one layout share it)."""
-        positions = self.template.WEIGHTS
-        if not positions:
-            return ()
-        if cfg not in self.packed:
-            self.packed = {cfg: tuple(self.template.pack(self.workload, cfg, *(self.inputs[i] for i in positions)))}
-        return self.packed[cfg]
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def bind(self, config: Any, func: Any) -> BoundKernel:
+        return BoundKernel(self.template, self.workload, config, func, self.on_gpu)
 
 
-def check_and_time(data: TaskData, cfg: Any, func: Any, spec: TimingSpec,
+_DATA: dict[tuple[str, str, int, str], TaskData] = {}
+
+
+def task_data(template: Any, workload: Any, seed: int, device: str) -> TaskData:
+    """TaskData kept in this process for the next candidate of the same task (one task at a time: tables are
+    large)."""
+    key = (template.__name__, workload.key(), seed, device)
+    if key not in _DATA:
+        _DATA.clear()
+        _DATA[key] = TaskData(template, workload, seed, device)
+    return _DATA[key]
+
+
+def _error(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1][:400] if text else ''}"
+
+
+def check_and_time(data: TaskData, bound: BoundKernel, timing: Timing,
                    l2_bytes: int = 0) -> tuple[tuple[float, ...], str | None, str | None]:
-    """(costs, error_kind, error): run once, compare with the reference, and only then time."""
-    on_gpu = data.device.startswith("cuda")
+    """(costs, error_kind, error): call once, compare with the reference, and only then time the same call
+    (`bound(*inputs)`, what a user's call runs) in a perf_counter loop on a CPU, by CUDA events on a GPU.
+
+    The inputs are the same tensors every call, as they are for `autotune bench`: both see warm caches alike
+    (on a GPU, L2 is flushed before each call)."""
+    on_gpu = data.on_gpu
+    inputs = data.inputs
     try:
-        args, out = data.template.kernel_args(data.workload, cfg, data.pack(cfg), *data.inputs)
-        call(func, args, on_gpu)
+        out = bound(*inputs)  # packs the weights: not timed
         if on_gpu:
             import torch
 
             torch.cuda.synchronize()
     except Exception as err:  # the kernel's failure, recorded, not raised
-        return (), "runtime", f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:400] if str(err).strip() else ''}"
+        return (), "runtime", _error(err)
     why = mismatch(out, data.reference, *data.template.tolerance(data.workload))
     if why is not None:
         return (), "wrong", why
-    run = (lambda: call(func, args, True)) if on_gpu else (lambda: func(*args))
-    costs = time_cuda(run, spec, l2_bytes) if on_gpu else time_cpu(run, spec)
+    costs = time_cuda(lambda: bound(*inputs), timing, l2_bytes) if on_gpu else time_cpu(lambda: bound(*inputs), timing)
     return tuple(float(c) for c in costs), None, None
+
+
+def measure_file(data: TaskData, config: Any, path: str, timing: Timing,
+                 l2_bytes: int = 0) -> tuple[tuple[float, ...], str | None, str | None]:
+    """Load a candidate's library and check-then-time it: what every runner does with a built candidate, here,
+    in the offline measure.py and on an `autotune rpc server`. A library that does not load is the candidate's
+    error; failures outside the candidate (making the data) are the caller's to report."""
+    try:
+        func = load_function(path)
+    except Exception as err:
+        return (), "runtime", _error(err)
+    return check_and_time(data, data.bind(config, func), timing, l2_bytes)
+
+
+def l2_bytes_here(default: int = 0) -> int:
+    """This process's GPU's L2 size (for the flush), or `default` when PyTorch does not say."""
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)) or default

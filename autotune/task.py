@@ -9,6 +9,7 @@ import search_spaces
 from search_spaces import Config, Space, Template
 
 from . import records
+from .runtime import BoundKernel
 from .targets import Device
 
 
@@ -33,12 +34,18 @@ class Task:
     def lower(self, cfg: Config) -> Any:
         return self.template.lower(self.workload, cfg, self.device.target())
 
-    def pack(self, cfg: Config, tensors: Sequence[Any]) -> tuple[Any, ...]:
-        """The config's packed form of the model weights among reference-order `tensors` (once per weight)."""
-        positions = self.template.WEIGHTS
-        if not positions:
-            return ()
-        return tuple(self.template.pack(self.workload, cfg, *(tensors[i] for i in positions)))
+    def bind(self, cfg: Config, func: Any = None) -> BoundKernel:
+        """The config's kernel `func` callable on reference-order tensors, as users call it (weights packed once).
+
+        `func=None`: a binding whose `arguments(*tensors)` gives the kernel's argument list (to run it elsewhere)."""
+        return BoundKernel(self.template, self.workload, cfg, func, self.device.is_gpu)
+
+    @property
+    def template_version(self) -> str:
+        """The version of the template code that generates this task's kernels (records carry it)."""
+        from search_spaces.version import template_version
+
+        return template_version(self.template, self.device.name)
 
     def kernel_args(self, cfg: Config, packed: Sequence[Any], tensors: Sequence[Any]) -> tuple[Sequence[Any], Any]:
         return self.template.kernel_args(self.workload, cfg, packed, *tensors)
@@ -48,7 +55,8 @@ class Task:
 
         return records.Record(op=self.op, workload=self.workload.to_json(), workload_key=self.workload_key,
                               device=self.device.name, target=self.device.to_json(), config=cfg.to_json(),
-                              config_key=cfg.key(), tvm_version=tvm.__version__, **fields)
+                              config_key=cfg.key(), tvm_version=tvm.__version__,
+                              **{"template_version": self.template_version, **fields})
 
 
 def make_task(op: str, device: str | Device, workload: Any = None, shape: str | None = None,

@@ -6,7 +6,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -29,10 +29,12 @@ class TuneResult:
 
 
 class _Training:
-    """Training data for the cost model: every record of this op and device, any workload."""
+    """Training data for the cost model: every record of this op and device, any workload, of the current
+    template version (older code's timings rank the old code's configs, not ours) unless `include_stale`."""
 
-    def __init__(self, task: Task):
+    def __init__(self, task: Task, include_stale: bool = False):
         self.task = task
+        self.version = None if include_stale else task.template_version
         self.rows: list[np.ndarray] = []
         self.latencies: list[float] = []
         self.groups: list[str] = []
@@ -40,7 +42,8 @@ class _Training:
 
     def add(self, recs: list[records.Record]) -> None:
         for r in recs:
-            if r.op != self.task.op or r.device != self.task.device.name or r.error_kind == "invalid":
+            if r.op != self.task.op or r.device != self.task.device.name or r.error_kind in ("invalid", "harness") \
+                    or self.version not in (None, r.template_version):
                 continue
             try:
                 if r.workload_key not in self._spaces:
@@ -59,23 +62,30 @@ class _Training:
 
 def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
          batch_size: int = 16, early_stopping: int | None = None, timing: Timing = Timing(),
-         builder: Builder | None = None, runner: Any = None,
-         progress: bool = True) -> TuneResult:
+         builder: Builder | None = None, runner: Any = None, progress: bool = True,
+         include_stale: bool = False, retry_errors: Iterable[str] = ()) -> TuneResult:
     """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
 
-    Configs already in the log for this task are never measured again (resume); records of other
-    workloads of the same op and device train the cost model from the start.
+    Configs already in the log for this task are never measured again (resume), except those whose records
+    failed with a kind in `retry_errors` and those only the harness failed on; records of other workloads of
+    the same op and device train the cost model from the start. Records of another template version (older
+    schedule code) count for nothing unless `include_stale`.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     if trials < 1:
         raise ValueError("trials must be >= 1")
+    retry = check_error_kinds(retry_errors)
     propose = STRATEGIES[strategy]
     space = task.space
     rng = random.Random(seed)
 
     history = list(records.load(log))
-    mine = records.for_task(history, task.op, task.workload_key, task.device.name)
+    # What resume counts as measured: this template version's records (unless include_stale), except failures
+    # to retry and the harness's own failures, which say nothing about the candidate.
+    mine = [r for r in records.current(records.for_task(history, task.op, task.workload_key, task.device.name),
+                                       include_stale)
+            if r.error_kind not in retry | {"harness"}]
     seen: set[Config] = set()
     for r in mine:
         try:
@@ -85,7 +95,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     best = records.best(mine, task.op, task.workload_key, task.device.name)
 
     model = XGBCostModel(seed=seed) if strategy == "xgb" else None
-    training = _Training(task)
+    training = _Training(task, include_stale)
     training.add(history)
     # Shipped records of this op and device (logs/<kind>/<op>.jsonl) warm the model up, as TopHub does.
     training.add(records.load_many(p for p in records.shipped_logs(task.op, task.device.name)
@@ -142,6 +152,15 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
         if own_runner:
             runner.close()
     return result
+
+
+def check_error_kinds(kinds: Iterable[str]) -> set[str]:
+    """`kinds` as a set, after checking each is a record error kind (`--retry-errors crash,timeout`)."""
+    kinds = {kinds} if isinstance(kinds, str) else set(kinds)
+    unknown = sorted(kinds - set(records.ERROR_KINDS))
+    if unknown:
+        raise ValueError(f"unknown error kind {', '.join(map(repr, unknown))}; known: {', '.join(records.ERROR_KINDS)}")
+    return kinds
 
 
 def make_runner(spec: str) -> Any:

@@ -39,7 +39,7 @@ def inference(custom: object, tensors: tuple) -> object:
 def contenders(op: str, kernel: at.LoadedKernel) -> dict:
     template, w = kernel.template, kernel.workload
     tensors = template.inputs(w, 0)
-    args, _ = template.kernel_args(w, kernel.config, kernel._pack(tensors), *tensors)
+    args, _ = kernel.arguments(*tensors)
     custom = getattr(torch.ops.autotune, op).default
     if op == "embedding_bag":
         weight, idx, off = tensors

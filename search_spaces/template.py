@@ -163,7 +163,8 @@ class IndexOutOfRange(IndexError, RuntimeError):
 @dataclass(frozen=True)
 class Route:
     """Where a torch-op call goes: the kernels compiled for `signature`, at `size` along the dimension a kernel
-    may serve at any size (`TorchBinding.any_size`) or must be padded/split to (fixed-size kernels)."""
+    may serve at any size (`TorchBinding.any_size`) or must be padded/split to (fixed-size kernels). A size
+    below 1 (an empty call: nothing to compute) runs PyTorch's implementation, without a warning."""
 
     signature: tuple[Any, ...]
     size: int
@@ -182,6 +183,7 @@ class ModuleRule:
 
     name: str  # e.g. "nn.EmbeddingBag -> EmbeddingBag", shown in reports
     swap: Callable[..., Any]
+    quantizes: bool = False  # the new module changes numerics (int8): skipped by optimize(quantize=False)
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,7 @@ class Template(Protocol):
     NAME: str
     DOC: str
     EXAMPLE_SHAPE: str  # a typical `--shape`, shown by `autotune list`
+    TEST_SHAPE: str  # a small `--shape` whose kernels build in seconds: the contract test and smoke checks
     WEIGHTS: tuple[int, ...]  # positions of model weights among the reference's arguments (packed once)
     Workload: type[Workload]
 

@@ -5,8 +5,11 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-# Test-only templates (tests/templates) must import in TVM's worker processes too.
+# Test-only templates (tests/templates) must import in TVM's worker processes too. The repository root goes
+# before them: an editable install's import finder comes after sys.path, so without it `search_spaces` would
+# resolve to the test folder tests/search_spaces (a namespace package) instead of the real package.
 sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS.parent))
 # The repository root comes first: tests/search_spaces (test files, no __init__) must not shadow the package
 # as a namespace package in workers started from another directory.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH")]))

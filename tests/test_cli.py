@@ -21,6 +21,8 @@ SHAPE = "rows=200,dim=8,batch=16,pooling=1-6"
     (["tune", "embedding_bag", "--device", "cuda:sm_70", "--shape", SHAPE, "--log", "x.jsonl"], "sm_70"),
     (["export", "--log", "missing.jsonl", "--out", "pkg"], "log not found"),
     (["bench", "embedding_bag", "--shape", SHAPE, "--log", "missing.jsonl"], "log not found"),
+    (["tune", "embedding_bag", "--shape", SHAPE, "--log", "x.jsonl", "--retry-errors", "timeout,nope"],
+     "unknown error kind 'nope'"),
 ])
 def test_user_errors_print_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -34,6 +36,26 @@ def test_bench_without_a_matching_record_exits_2(tmp_path, capsys):
     log.write_text("")
     assert main(["bench", "embedding_bag", "--shape", SHAPE, "--log", str(log)]) == 2
     assert "no correct embedding_bag record" in capsys.readouterr().err
+
+
+def test_best_and_export_ignore_stale_records_and_say_how_many(tmp_path, capsys):
+    from autotune.task import make_task
+
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    good = [c for c in task.space if c.as_dict()["fault"] == "none"]
+    log = tmp_path / "f.jsonl"
+    records.append(log, [task.record(good[0], costs=(2e-6,)),
+                         task.record(good[1], costs=(1e-6,), template_version="0ld0ld0ld0ld")])
+    assert main(["best", "--log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "1 records, 0 failed; 1 stale records ignored" in out and "best 0.002 ms" in out
+    assert main(["best", "--log", str(log), "--include-stale"]) == 0
+    out = capsys.readouterr().out
+    assert "2 records" in out and "stale" not in out and "best 0.001 ms" in out
+    stale_only = tmp_path / "s.jsonl"
+    records.append(stale_only, [task.record(good[1], costs=(1e-6,), template_version="")])
+    assert main(["export", "--log", str(stale_only), "--out", str(tmp_path / "pkg")]) == 2
+    assert "1 stale records of older template code ignored; --include-stale" in capsys.readouterr().err
 
 
 def test_list_shows_operators_fields_and_knobs(capsys):

@@ -55,3 +55,18 @@ def test_no_record_or_no_log_is_a_clear_error(log, tmp_path):
 
 def test_shipped_logs_are_found_by_device_kind():
     assert all(p.name == "embedding_bag.jsonl" for p in shipped_logs("embedding_bag", "cpu:whatever"))
+
+
+def test_kernel_checks_inputs_then_runs_the_bound_kernel_the_tuner_timed(log):
+    from autotune import runtime
+
+    path, _ = log
+    k = autotune.kernel("embedding_bag", "cpu", log=path, shape=SHAPE)
+    assert isinstance(k.bound, runtime.BoundKernel) and k.bound.config == k.config
+    calls = []
+    k.bound = lambda *tensors: calls.append(tensors) or "out"
+    weight, idx, off = k.task.template.inputs(k.task.workload, 0)
+    assert k(weight, idx, off) == "out" and len(calls) == 1
+    with pytest.raises(IndexError):
+        k(weight, torch.tensor([0, 40]), torch.tensor([0, 1]))
+    assert len(calls) == 1  # bad input never reaches the kernel

@@ -26,3 +26,27 @@ def test_mismatch_reports_shape_and_value_differences():
     assert mismatch(task, torch.ones(4), torch.ones(4)) is None
     assert "shape" in mismatch(task, torch.ones(3), torch.ones(4))
     assert "max abs error 1" in mismatch(task, torch.ones(4), torch.zeros(4))
+
+
+def test_a_task_whose_data_cannot_be_made_is_a_harness_error_for_each_candidate():
+    """Inputs for n=-1 cannot be made (torch.arange(-1)): the machinery failed, not the candidates."""
+    task = make_task("templates.faulty", "cpu", shape="n=8")
+    unpreparable = make_task("templates.faulty", "cpu", shape="n=-1")
+    cfgs = [c for c in task.space if c.as_dict()["fault"] == "none"]
+    with Builder(workers=1) as builder:
+        runner = LocalRunner(Timing(number=1, repeat=1, min_repeat_ms=1), timeout=30)
+        try:
+            out = runner.measure(unpreparable, builder.build(task, cfgs))
+            good = runner.measure(task, builder.build(task, cfgs[:1]))  # the runner recovers for the next task
+        finally:
+            runner.close()
+    assert [m.error_kind for m in out] == ["harness"] * len(cfgs)
+    assert all("making the task's inputs failed" in m.error for m in out)
+    assert good[0].error_kind is None and good[0].costs
+
+
+def test_timing_is_the_runtimes_one_type():
+    import autotune
+    from autotune import runtime
+
+    assert Timing is runtime.Timing is autotune.Timing

@@ -96,3 +96,18 @@ def test_a_results_file_still_being_copied_is_waited_for(tmp_path):
         runner._wait(partial)
     partial.write_text('{"format": 1, "results": []}')
     assert runner._wait(partial) == {"format": 1, "results": []}
+
+
+def test_a_task_whose_data_cannot_be_made_on_the_device_is_a_harness_error(tmp_path):
+    """Inputs for n=-1 cannot be made (torch.arange(-1)) by measure.py: the candidates are not to blame."""
+    task = make_task("templates.faulty", "cpu", shape="n=8")
+    cfgs = [c for c in task.space if c.as_dict()["fault"] == "none"]
+    root = tmp_path / "farm"
+    runner = OfflineRunner(root, FAST, poll_s=0.2, wait_s=300, say=lambda msg: None)
+    with Builder(workers=1) as builder:
+        runner.write_batch(make_task("templates.faulty", "cpu", shape="n=-1"), builder.build(task, cfgs))
+    proc = run_measure(root, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    results = runner._wait(root / "batch-0000" / "results.json")["results"]
+    assert [r["error_kind"] for r in results] == ["harness"] * len(cfgs)
+    assert all("making the task's inputs failed" in r["error"] for r in results)

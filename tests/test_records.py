@@ -1,5 +1,7 @@
+import json
 import math
 import multiprocessing as mp
+from dataclasses import replace
 
 import pytest
 
@@ -70,3 +72,66 @@ def test_concurrent_writers_lose_nothing(tmp_path):
 
 def test_missing_log_is_empty(tmp_path):
     assert list(records.load(tmp_path / "nope.jsonl")) == []
+
+
+# ---- template versions (format 2) ---------------------------------------------------------------------------
+FAULTY = "templates.faulty"  # tests/templates/faulty.py: a real template, so records have a current version
+
+
+def faulty(cfg="a", version=None, costs=(1.0,), kind=None, device="cpu:x"):
+    tag = records.current_version(FAULTY, device) if version is None else version
+    return Record(op=FAULTY, workload={"n": 64}, workload_key="w", device=device, target={"kind": "llvm"},
+                  config={"k": cfg}, config_key=cfg, costs=costs if kind is None else (), error_kind=kind,
+                  template_version=tag)
+
+
+def _v1_line(cfg):
+    d = json.loads(faulty(cfg).to_json())
+    del d["template_version"]
+    d["version"] = 1
+    return json.dumps(d) + "\n"
+
+
+def test_records_carry_the_template_version_and_v1_lines_load_as_stale(tmp_path):
+    log = tmp_path / "log.jsonl"
+    records.append(log, [faulty("new")])
+    with open(log, "a") as f:
+        f.write(_v1_line("old"))
+    new, old = records.load(log)
+    assert new.version == records.FORMAT_VERSION == 2 and new.template_version == records.current_version(FAULTY, "cpu:x")
+    assert old.version == 1 and old.template_version == "" and old.ok
+    assert [r.config_key for r in records.current([new, old])] == ["new"]
+    assert [r.config_key for r in records.current([new, old], include_stale=True)] == ["new", "old"]
+
+
+def test_records_of_another_version_or_an_unknown_template_are_stale():
+    other = faulty("other", version="0123456789ab")
+    unknown = replace(faulty("u"), op="no_such_operator")
+    assert [r.config_key for r in records.current([faulty("cur"), other, unknown])] == ["cur"]
+    assert records.current_version("no_such_operator", "cpu:x") is None
+
+
+def test_harness_is_an_error_kind_and_unknown_kinds_are_corrupt(tmp_path):
+    log = tmp_path / "log.jsonl"
+    records.append(log, [faulty("h", kind="harness")])
+    with open(log, "a") as f:
+        f.write(faulty("z").to_json().replace('"error_kind":null', '"error_kind":"gremlins"') + "\n")
+    with pytest.warns(CorruptLogWarning, match="gremlins"):
+        (h,) = records.load(log)
+    assert h.error_kind == "harness" and not h.ok
+
+
+def test_retag_rewrites_one_op_and_device_kind_and_keeps_everything_else(tmp_path):
+    log = tmp_path / "log.jsonl"
+    keep = [rec("other-op").to_json() + "\n", faulty("gpu", version="", device="cuda:sm_90").to_json() + "\n",
+            '{"torn": \n']
+    log.write_text(_v1_line("a") + keep[0] + _v1_line("b") + keep[1] + keep[2])
+    log.chmod(0o640)
+    assert records.retag(log, FAULTY, "cpu") == 2
+    lines = log.read_text().splitlines(keepends=True)
+    assert [lines[1], lines[3], lines[4]] == keep  # byte for byte
+    a, b = (Record.from_json(lines[i]) for i in (0, 2))
+    assert records.current([a, b]) == [a, b] and a.version == b.version == records.FORMAT_VERSION
+    assert (log.stat().st_mode & 0o777) == 0o640 and sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
+    assert records.retag(log, FAULTY, "cuda", version="feedc0ffee00") == 1
+    assert Record.from_json(log.read_text().splitlines()[3]).template_version == "feedc0ffee00"

@@ -1,5 +1,6 @@
-"""The RPC runner against a real TVM tracker and two servers on loopback: tuning, a server killed mid-run,
-a candidate that crashes its session, status, and the user's errors."""
+"""The RPC runner against a real TVM tracker and two `autotune rpc server`s on loopback: tuning, a server killed
+mid-run, a candidate that crashes its session, a harness failure, TVM's stock server refused, status, and the
+user's errors."""
 
 import os
 import signal
@@ -14,12 +15,12 @@ from autotune import records
 from autotune.build import Builder
 from autotune.cli import main
 from autotune.measure import Timing
-from autotune.rpc import Farm, RPCRunner, parse_tracker, servers, tracker_summary
+from autotune.rpc import Farm, RPCRunner, StockServer, parse_tracker, servers, tracker_summary
 from autotune.task import make_task
 from autotune.tuner import tune
 
 FAST = Timing(number=2, repeat=3, min_repeat_ms=1)
-KEY = "loopback"
+KEY, STOCK = "loopback", "stock"
 
 
 def free_port() -> int:
@@ -29,36 +30,42 @@ def free_port() -> int:
 
 
 class Farm2:
-    """A tracker, a stock TVM server (`plain`) and an `autotune rpc server` (`sturdy`), each its own process group."""
+    """A tracker and two `autotune rpc server`s (`first`, `second`), each its own process group; a stock TVM
+    server (`stock`, under its own key) is started by the test that needs it."""
 
     def __init__(self, tmp):
-        self.tracker_port, self.plain_port, self.sturdy_port = free_port(), free_port(), free_port()
+        self.tracker_port, self.first_port, self.second_port, self.stock_port = (free_port() for _ in range(4))
         py = sys.executable
         tracker = f"127.0.0.1:{self.tracker_port}"
+
+        def ours(port):
+            return [py, "-m", "autotune.cli", "rpc", "server", "--tracker", tracker, "--key", KEY,
+                    "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)]
+
         self.procs = {
             "tracker": [py, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(self.tracker_port),
                         "--port-end", str(self.tracker_port + 1), "--silent"],
-            "plain": [py, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", KEY, "--host", "127.0.0.1",
-                      "--port", str(self.plain_port), "--port-end", str(self.plain_port + 1)],
-            "sturdy": [py, "-m", "autotune.cli", "rpc", "server", "--tracker", tracker, "--key", KEY,
-                       "--host", "127.0.0.1", "--port", str(self.sturdy_port), "--port-end", str(self.sturdy_port + 1)],
+            "first": ours(self.first_port),
+            "second": ours(self.second_port),
+            "stock": [py, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", STOCK, "--host", "127.0.0.1",
+                      "--port", str(self.stock_port), "--port-end", str(self.stock_port + 1)],
         }
         self.logs = {name: open(tmp / f"{name}.log", "w") for name in self.procs}
         self.popen = {}
         self.popen["tracker"] = self._start("tracker")
         time.sleep(1.0)  # the servers' first connection attempt should find the tracker listening
-        for name in ("plain", "sturdy"):
+        for name in ("first", "second"):
             self.popen[name] = self._start(name)
 
     def _start(self, name):
         return subprocess.Popen(self.procs[name], stdout=self.logs[name], stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
-    def wait_for(self, n, timeout=120.0):
+    def wait_for(self, n, timeout=120.0, key=KEY):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if len(servers(tracker_summary("127.0.0.1", self.tracker_port), KEY)) >= n:
+                if len(servers(tracker_summary("127.0.0.1", self.tracker_port), key)) >= n:
                     return
             except ConnectionError:
                 pass
@@ -74,18 +81,20 @@ class Farm2:
 
     def kill(self, name):
         """The whole process group: the server, its worker and any session process, as a machine dying would."""
-        p = self.popen[name]
+        p = self.popen.get(name)
+        if p is None:
+            return
         try:
             os.killpg(p.pid, signal.SIGKILL)  # also when the leader is gone: its worker may live on
         except ProcessLookupError:
             pass
         p.wait(10)
 
-    def url(self):
-        return f"rpc://127.0.0.1:{self.tracker_port}/{KEY}"
+    def url(self, key=KEY):
+        return f"rpc://127.0.0.1:{self.tracker_port}/{key}"
 
     def close(self):
-        for name in ("plain", "sturdy", "tracker"):
+        for name in ("first", "second", "stock", "tracker"):
             self.kill(name)
         for f in self.logs.values():
             f.close()
@@ -129,20 +138,20 @@ def test_status_shows_the_servers_per_key(farm, capsys):
     out = capsys.readouterr().out
     row = next(line.split() for line in out.splitlines() if line.split()[:1] == [KEY])
     assert row[1:3] == ["2", "2"], out  # two servers, both free
-    assert f"127.0.0.1:{farm.plain_port}" in out and f"127.0.0.1:{farm.sturdy_port}" in out
+    assert f"127.0.0.1:{farm.first_port}" in out and f"127.0.0.1:{farm.second_port}" in out
 
 
 def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
-    """The stock server dies as its candidate is sent; that candidate is measured on the other server, the run
+    """A server dies as its candidate is sent; that candidate is measured on the other server, the run
     finishes, and the log holds every trial exactly once."""
     task = make_task("embedding_bag", "cpu", rows=200, dim=8, batch=16, pooling=(1, 6))
     log, said, dispatched = tmp_path / "eb.jsonl", [], []
 
     def on_dispatch(server, cfg):
         dispatched.append(server[1])
-        if server[1] == farm.plain_port and len(dispatched) >= 3 and "killed" not in said:
+        if server[1] == farm.first_port and len(dispatched) >= 3 and "killed" not in said:
             said.append("killed")
-            farm.kill("plain")
+            farm.kill("first")
 
     runner = RPCRunner(farm.url(), FAST, timeout=60, say=said.append, on_dispatch=on_dispatch)
     try:
@@ -152,13 +161,13 @@ def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
     recs = list(records.load(log))
     print("\n".join(f"{r.config_key}: {r.error_kind or 'ok'}" for r in recs))
     print("\n".join(said))
-    assert "killed" in said, f"no candidate was sent to the stock server: {dispatched}"
+    assert "killed" in said, f"no candidate was sent to the first server: {dispatched}"
     assert any("went away" in s for s in said)  # its in-flight candidate was measured again elsewhere
     assert res.measured == 8 and len(recs) == 8
     assert len({r.config_key for r in recs}) == 8  # every trial once
-    assert not [r for r in recs if r.error_kind in ("crash", "timeout")], [r.error for r in recs]
+    assert not [r for r in recs if r.error_kind in ("crash", "timeout", "harness")], [r.error for r in recs]
     assert res.best is not None
-    assert servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY) == [("127.0.0.1", farm.sturdy_port)]
+    assert servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY) == [("127.0.0.1", farm.second_port)]
 
 
 def test_a_crashing_candidate_is_recorded_and_its_server_serves_on(farm):
@@ -174,26 +183,32 @@ def test_a_crashing_candidate_is_recorded_and_its_server_serves_on(farm):
     assert kinds[("crash", 1)].error_kind == "crash" and "still up" in kinds[("crash", 1)].error
     assert kinds[("wrong", 4)].error_kind == "wrong"
     assert kinds[("none", 1)].error_kind is None and len(kinds[("none", 1)].costs) == 3
-    assert ("127.0.0.1", farm.sturdy_port) in servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY)
+    assert ("127.0.0.1", farm.second_port) in servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY)
 
 
-def test_gpu_timing_flushes_l2_before_every_call_and_folds_calls_into_repeats():
-    """No GPU here: TVM's time_evaluator is faked to check what the remote GPU path asks of it."""
-    from types import SimpleNamespace
+def test_a_task_whose_data_cannot_be_made_on_the_server_is_a_harness_error(farm):
+    """Inputs for n=-1 cannot be made (torch.arange(-1)) on the server: no candidate is to blame."""
+    task = make_task("templates.faulty", "cpu", shape="n=8")
+    cfgs = [c for c in task.space if c.as_dict()["fault"] == "none"]
+    runner = RPCRunner(farm.url(), FAST, timeout=60, say=lambda msg: None)
+    try:
+        with Builder(workers=1) as builder:
+            out = runner.measure(make_task("templates.faulty", "cpu", shape="n=-1"), builder.build(task, cfgs))
+    finally:
+        runner.close()
+    assert [m.error_kind for m in out] == ["harness"] * len(cfgs)
+    assert all("making the task's inputs on the RPC server failed" in m.error for m in out)
 
-    from autotune.rpc import _time_remote
 
-    asked = []
-
-    class Module:
-        def time_evaluator(self, name, dev, number=10, repeat=1, min_repeat_ms=0, cache_flush_bytes=0):
-            asked.append((number, repeat, min_repeat_ms, cache_flush_bytes))
-            return lambda *args: SimpleNamespace(results=[1e-5 * (1 + i % 2) for i in range(repeat)])
-
-    task = make_task("embedding_bag", "cuda:sm_90", rows=200, dim=8, batch=16, pooling=(1, 6))
-    costs = _time_remote(task, Module(), None, [], Timing(number=3, repeat=5, min_repeat_ms=1))
-    flush = 2 * task.device.gpu.l2_bytes
-    assert all(number == 1 and bytes_ == flush for number, _, _, bytes_ in asked)  # one call per flush
-    calls = asked[1][1] // 5
-    assert asked[1][1] == calls * 5 and calls >= 3 and len(costs) == 5
-    assert all(1e-5 <= c <= 2e-5 for c in costs)
+def test_the_stock_tvm_server_is_refused_with_what_to_run_instead(farm):
+    """It could only time with time_evaluator, not the call path users run: refused, not measured otherwise."""
+    farm.popen["stock"] = farm._start("stock")
+    farm.wait_for(1, key=STOCK)
+    task = make_task("templates.faulty", "cpu", shape="n=8")
+    runner = RPCRunner(farm.url(STOCK), FAST, timeout=60, say=lambda msg: None)
+    try:
+        with Builder(workers=1) as builder, pytest.raises(StockServer, match="autotune rpc server --tracker"):
+            runner.measure(task, builder.build(task, [task.space.default()]))
+    finally:
+        runner.close()
+        farm.kill("stock")

@@ -1,5 +1,8 @@
-"""The compiler-free runtime: checking and timing a kernel the way every runner does."""
+"""The compiler-free runtime: the one measurement core (BoundKernel, check_and_time) every runner uses."""
 
+import weakref
+
+import pytest
 import torch
 
 from autotune import runtime
@@ -10,24 +13,140 @@ from autotune.task import make_task
 def test_check_and_time_accepts_correct_kernels_and_flags_wrong_ones():
     task = make_task("templates.faulty", "cpu", shape="n=64")
     data = runtime.TaskData(task.template, task.workload, 0, "cpu")
-    spec = runtime.TimingSpec(number=2, repeat=3, min_repeat_ms=1)
+    timing = runtime.Timing(number=2, repeat=3, min_repeat_ms=1)
     outcomes = {}
     for cfg in task.space:
         fault = cfg.as_dict()["fault"]
         if fault in ("none", "wrong"):
-            outcomes[fault] = runtime.check_and_time(data, cfg, compile_module(task, cfg)["main"], spec)
+            bound = data.bind(cfg, compile_module(task, cfg)["main"])
+            outcomes[fault] = runtime.check_and_time(data, bound, timing)
     costs, kind, _ = outcomes["none"]
     assert kind is None and len(costs) == 3 and all(c > 0 for c in costs)
     assert outcomes["wrong"][:2] == ((), "wrong")
 
 
+def test_check_and_time_times_exactly_the_bound_call():
+    """What is timed is `bound(*inputs)`, the user's call: a slower call path is a slower record."""
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    cfg = next(c for c in task.space if c.as_dict()["fault"] == "none")
+    data = runtime.TaskData(task.template, task.workload, 0, "cpu")
+    func = compile_module(task, cfg)["main"]
+    timing = runtime.Timing(number=1, repeat=3, min_repeat_ms=5)
+
+    class Slow(runtime.BoundKernel):
+        calls = 0
+
+        def __call__(self, *tensors):
+            Slow.calls += 1
+            end = runtime.time.perf_counter() + 2e-4
+            while runtime.time.perf_counter() < end:
+                pass
+            return super().__call__(*tensors)
+
+    fast, _, _ = runtime.check_and_time(data, data.bind(cfg, func), timing)
+    slow, _, _ = runtime.check_and_time(data, Slow(task.template, task.workload, cfg, func, False), timing)
+    assert min(slow) >= 2e-4 > max(fast) and Slow.calls > 3 * 5
+
+
+def test_a_kernel_that_raises_is_a_runtime_error_and_a_bad_library_too(tmp_path):
+    task = make_task("templates.faulty", "cpu", shape="n=8")
+    data = runtime.TaskData(task.template, task.workload, 0, "cpu")
+
+    def broken(*args):
+        raise ValueError("boom")
+
+    costs, kind, msg = runtime.check_and_time(data, data.bind(task.space.default(), broken), runtime.Timing())
+    assert (costs, kind) == ((), "runtime") and "boom" in msg
+    (tmp_path / "bad.so").write_text("not a library")
+    costs, kind, msg = runtime.measure_file(data, task.space.default(), str(tmp_path / "bad.so"), runtime.Timing())
+    assert (costs, kind) == ((), "runtime") and msg
+
+
+class _Packing:
+    """A template whose one weight (argument 0) is 'packed' by doubling; records each packing."""
+
+    __name__ = "packing"
+    WEIGHTS = (0,)
+
+    def __init__(self):
+        self.packed = []
+
+    def pack(self, w, cfg, weight):
+        self.packed.append(tuple(weight.shape))  # not the tensor: the cache must not be what keeps it alive
+        return (weight * 2,)
+
+    def kernel_args(self, w, cfg, packed, weight, x):
+        out = torch.empty_like(x)
+        return [packed[0], x, out], out
+
+
+def _add(p, x, out):
+    torch.add(p, x, out=out)
+
+
+def test_bound_kernel_packs_once_per_weight_and_again_when_it_changes():
+    tpl = _Packing()
+    bound = runtime.BoundKernel(tpl, None, None, _add, on_gpu=False)
+    weight, x = torch.ones(4), torch.zeros(4)
+    assert torch.equal(bound(weight, x), torch.full((4,), 2.0))
+    bound(weight, x)
+    assert len(tpl.packed) == 1  # same weight: packed once
+    weight.mul_(3)  # an in-place update bumps the version counter
+    assert torch.equal(bound(weight, x), torch.full((4,), 6.0)) and len(tpl.packed) == 2
+    other = torch.ones(4)
+    assert torch.equal(bound(other, x), torch.full((4,), 2.0)) and len(tpl.packed) == 3
+    with torch.inference_mode():  # no version counter: keyed as -1
+        frozen = torch.ones(4)
+        bound(frozen, x)
+        bound(frozen, x)
+    assert len(tpl.packed) == 4
+
+
+def test_a_new_weight_at_a_freed_address_is_packed_anew():
+    """A new tensor with the old one's address, version, shape and dtype (here: a second view of one buffer,
+    as a reused allocation would be) is packed again once the packed tensor is gone."""
+    tpl = _Packing()
+    bound = runtime.BoundKernel(tpl, None, None, _add, on_gpu=False)
+    buf, x = torch.ones(4), torch.zeros(4)
+    weight = buf.view(4)
+    bound(weight, x)
+    bound(weight, x)
+    gone = weakref.ref(weight)
+    del weight
+    assert gone() is None and len(tpl.packed) == 1
+    again = buf.view(4)
+    assert again.data_ptr() == buf.data_ptr() and again._version == buf._version
+    bound(again, x)
+    assert len(tpl.packed) == 2
+
+
 def test_time_cpu_lengthens_repeats_to_the_minimum_duration():
     calls = []
-    costs = runtime.time_cpu(lambda: calls.append(1), runtime.TimingSpec(number=1, repeat=2, min_repeat_ms=5))
+    costs = runtime.time_cpu(lambda: calls.append(1), runtime.Timing(number=1, repeat=2, min_repeat_ms=5))
     assert len(costs) == 2 and len(calls) > 100  # a no-op needs many calls to last 5 ms
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_time_cuda_flushes_l2_before_every_call_and_excludes_the_flush():
+    """A call that does nothing on the GPU costs ~nothing although each is preceded by a flush of 2x L2."""
+    l2 = runtime.l2_bytes_here()
+    costs = runtime.time_cuda(lambda: None, runtime.Timing(number=3, repeat=5, min_repeat_ms=1), l2)
+    x = torch.randn(1 << 24, device="cuda")
+    work = runtime.time_cuda(lambda: x.mul_(1.0), runtime.Timing(number=3, repeat=5, min_repeat_ms=1), l2)
+    assert len(costs) == 5 and max(costs) < 2e-5 < min(work)
 
 
 def test_mismatch_names_shape_and_value_differences():
     assert runtime.mismatch(torch.ones(3), torch.ones(3), 0, 0) is None
     assert "shape" in runtime.mismatch(torch.ones(2), torch.ones(3), 0, 0)
     assert "max abs error 2" in runtime.mismatch(torch.zeros(3), torch.full((3,), 2.0), 0, 0.5)
+
+
+def test_the_runtime_imports_nothing_of_autotune_or_tvm():
+    import ast
+
+    tree = ast.parse(open(runtime.__file__).read())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not [n for n in names if n.split(".")[0] in ("tvm", "autotune", "search_spaces")], names
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]

@@ -21,6 +21,8 @@ import search_spaces
 from autotune.package import export, read_manifest
 from autotune.task import make_task
 from autotune.torch import registry
+from search_spaces.embedding_bag import torch_op as eb_op
+from search_spaces.interaction.workload import dot_interaction
 
 EB, INTER, QMM = torch.ops.autotune.embedding_bag, torch.ops.autotune.interaction, torch.ops.autotune.qmatmul
 KERNELS = [
@@ -246,7 +248,7 @@ def test_tensors_on_two_devices_are_rejected():
     weight, (idx, off) = torch.randn(50, 8), bags(6)
     with pytest.raises(ValueError, match="all tensors must be on one device, got weight on cpu, indices on cpu, "
                                          "offsets on meta"):
-        at.ops.check_embedding_bag(weight, idx, off.to("meta"), None, "sum", False, None)
+        eb_op.check(weight, idx, off.to("meta"), None, "sum", False, None)
 
 
 def test_other_ops_reject_bad_inputs():
@@ -267,7 +269,7 @@ def test_validate_false_skips_the_checks(pkg, monkeypatch):
     def fail(*args):
         raise AssertionError("validated")
 
-    monkeypatch.setattr(at.ops, "check_embedding_bag", fail)
+    monkeypatch.setattr(eb_op, "_index_facts", fail)  # the check's data pass
     weight, (idx, off) = torch.randn(50, 8), bags(6)
     torch.testing.assert_close(EB(weight, idx, off, validate=False), F.embedding_bag(idx, weight, off, mode="sum"))
     with pytest.raises(AssertionError, match="validated"):
@@ -275,11 +277,9 @@ def test_validate_false_skips_the_checks(pkg, monkeypatch):
 
 
 def test_index_facts_on_device_match_the_cpu_path():
-    from autotune.torch.ops import _index_facts, _index_facts_device
-
     for idx, off in [bags(7), bags(7, dtype=torch.int32, last=True), (torch.tensor([3, 1]), torch.tensor([0, 2, 1])),
                      (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))]:
-        assert _index_facts(idx, off) == _index_facts_device(idx, off)
+        assert eb_op._index_facts(idx, off) == eb_op._index_facts_device(idx, off)
 
 
 def test_fake_implementations_give_shapes_on_the_meta_device():
@@ -342,7 +342,7 @@ def test_embedding_bag_module_takes_2d_input_and_keeps_pytorch_for_max_norm(pkg)
 def test_interaction_backward_matches_autograd_of_the_reference(pkg, self_interaction):
     x, ly = torch.randn(5, 8, requires_grad=True), torch.randn(5, 3, 8, requires_grad=True)
     out = at.DotInteraction(self_interaction)(x, list(ly.unbind(1)))
-    ref = at.ops._torch_interaction(x, ly, self_interaction)
+    ref = dot_interaction(x, ly, self_interaction)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (x, ly), grad)
@@ -446,3 +446,74 @@ def test_optimize_swaps_the_example_models_modules_and_keeps_its_outputs(pkg):
     assert not again.swapped  # already optimized
     quantize_off = at.optimize(__import__("copy").deepcopy(model), pkg, quantize=False)
     assert {s.name for s in quantize_off.swapped} == {"embeddings.0", "embeddings.1", "embeddings.2"}
+
+
+# ---- the torch layer holds no operator knowledge --------------------------------------------------------------
+OUT_OF_TREE = '''
+"""tests/templates/faulty.py (x + 1) with a torch binding: torch.ops.autotune.plus_one."""
+from templates.faulty import (Workload, check_inputs, inputs, kernel_args, lower, reference, space, tolerance,
+                              traffic, WEIGHTS)
+
+NAME, DOC, EXAMPLE_SHAPE, TEST_SHAPE = "plus_one", "x + 1", "n=16", "n=16"
+
+
+def torch_binding():
+    import torch
+    from search_spaces import InvalidInput, Route, TorchBinding
+
+    def plus_one(x: torch.Tensor, validate: bool = True) -> torch.Tensor:
+        return x + 1
+
+    def check(x, validate=True):
+        if x.dim() != 1:
+            raise InvalidInput("plus_one: x must be 1-D")
+
+    return TorchBinding(op=plus_one, fake=lambda x, validate=True: torch.empty_like(x), check=check,
+                        route=lambda x, validate=True: Route((x.numel(),), 1),
+                        run=lambda chunks, x, validate=True: chunks[0].kernel(x),
+                        compiled=lambda w: (w.n,), size=lambda w: 1, any_size=True, describe=lambda s: f"n={s[0]}",
+                        cases=lambda w, seed, count: [("x", (torch.randn(w.n),), {})])
+'''
+
+
+def test_an_out_of_tree_template_gets_its_torch_op_from_its_binding(tmp_path, monkeypatch):
+    (tmp_path / "oot_ops").mkdir()
+    (tmp_path / "oot_ops" / "__init__.py").write_text("")
+    (tmp_path / "oot_ops" / "plus_one.py").write_text(OUT_OF_TREE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    task = make_task("oot_ops.plus_one", "cpu", shape="n=16")
+    export([task.record(task.space.default(), costs=(1e-6,))], tmp_path / "pkg")
+    assert not hasattr(torch.ops.autotune, "plus_one")
+    at.unload_all()
+    try:
+        (kernel,) = at.load(tmp_path / "pkg").kernels
+        calls = []
+        inner = kernel.func
+        kernel.func = lambda *args: calls.append(1) or inner(*args)
+        x = torch.randn(16)
+        with _errors_on_fallback():
+            torch.testing.assert_close(torch.ops.autotune.plus_one(x), x + 1)
+        assert calls == [1]
+        with pytest.warns(at.NoTunedKernelWarning, match="no loaded kernel for n=8 on cpu"):
+            torch.testing.assert_close(torch.ops.autotune.plus_one(x[:8]), x[:8] + 1)
+        with pytest.raises(ValueError, match="x must be 1-D"):
+            torch.ops.autotune.plus_one(x.view(4, 4))
+    finally:
+        at.unload_all()
+
+
+@pytest.mark.parametrize("op", sorted(at.ops.BINDINGS))
+def test_each_bindings_cases_are_calls_its_kernel_serves(op):
+    """`autotune check` runs a kernel on its operator's cases: each must route to the kernel's signature (and
+    be non-empty, so the kernel, not PyTorch by design, serves it), pass the checks and match the fake."""
+    binding, template = at.ops.BINDINGS[op], search_spaces.get(op)
+    w = template.Workload.from_shape(template.TEST_SHAPE)
+    cases = list(binding.cases(w, 3, 2))
+    assert len(cases) >= 5 and len({name for name, _, _ in cases}) == len(cases)
+    for name, args, kwargs in cases:
+        binding.check(*args, **kwargs)
+        route = binding.route(*args, **kwargs)
+        assert route.signature == binding.compiled(w) and route.size >= 1, name
+        out, fake = binding.op(*args, **kwargs), binding.fake(*args, **kwargs)
+        assert (out.shape, out.dtype) == (fake.shape, fake.dtype), name

@@ -99,3 +99,88 @@ def test_short_run_of_other_templates(op, shape, tmp_path, workers):
     tensors = task.template.inputs(task.workload, seed=3)
     rtol, atol = task.template.tolerance(task.workload)
     torch.testing.assert_close(kern(*tensors), task.template.reference(task.workload, *tensors), rtol=rtol, atol=atol)
+
+
+# ---- template versions, retries and harness failures (faulty's 6 configs; none of them hangs or crashes here:
+# those two are pre-recorded, so every run below measures only correct or wrong candidates) --------------------
+def _configs(task):
+    return {(c.as_dict()["fault"], c.as_dict()["lanes"]): c for c in task.space}
+
+
+def _log(tmp_path, task, **special):
+    """A log with a record for each config: `special[fault_lanes]` gives (error kind or None, template version)."""
+    log = tmp_path / "f.jsonl"
+    recs = []
+    for (fault, lanes), cfg in _configs(task).items():
+        kind, version = special.get(f"{fault}{lanes}", (None if fault == "none" else "wrong", None))
+        fields = {"costs": (1e-9,)} if kind is None else {"error_kind": kind, "error": "x"}
+        recs.append(task.record(cfg, **fields, **({} if version is None else {"template_version": version})))
+    records.append(log, recs)
+    return log
+
+
+def _new(log, before):
+    return {(r.config["fault"], r.config["lanes"]): r for r in list(records.load(log))[before:]}
+
+
+def test_a_stale_record_is_measured_again_unless_include_stale(tmp_path, workers):
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    log = _log(tmp_path, task, none4=(None, "0ld0ld0ld0ld"), none1=("wrong", None))
+    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False)
+    assert res.resumed == 5 and res.measured == 1
+    (new,) = _new(log, 6).values()
+    assert new.config["lanes"] == 4 and new.ok and new.template_version == task.template_version
+    assert res.best == new and new.latency > 1e-9  # the stale record's (impossible) timing never counts
+    # Resumed with include_stale, the same stale record counts as measured, and its timing as the best.
+    log2 = _log(tmp_path / "b", task, none4=(None, "0ld0ld0ld0ld"), none1=("wrong", None))
+    res2 = tune(task, trials=10, log=log2, strategy="random", builder=workers[0], runner=workers[1],
+                progress=False, include_stale=True)
+    assert res2.measured == 0 and res2.resumed == 6 and res2.best.template_version == "0ld0ld0ld0ld"
+
+
+def test_kernel_ignores_stale_records_unless_include_stale(tmp_path):
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    log = _log(tmp_path, task, none4=(None, "0ld0ld0ld0ld"), none1=(None, ""))
+    with pytest.raises(autotune.NoTunedKernel, match="2 correct records of older template code"):
+        autotune.kernel("templates.faulty", "cpu", log=log, shape="n=64")
+    k = autotune.kernel("templates.faulty", "cpu", log=log, shape="n=64", include_stale=True)
+    x = torch.arange(64, dtype=torch.float32)
+    assert k.config.as_dict()["fault"] == "none"
+    torch.testing.assert_close(k(x), x + 1)
+
+
+def test_retry_errors_measures_only_those_kinds_again(tmp_path, workers):
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    special = dict(none4=("timeout", None), wrong1=("runtime", None), wrong4=("build", None),
+                   crash1=("crash", None), hang1=("crash", None))
+    log = _log(tmp_path, task, **special)
+    with pytest.raises(ValueError, match="unknown error kind 'gremlins'; known: invalid"):
+        tune(task, trials=4, log=log, retry_errors=("timeout", "gremlins"))
+    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1],
+               progress=False, retry_errors=("timeout", "runtime"))
+    new = _new(log, 6)
+    assert res.resumed == 4 and res.measured == 2 and set(new) == {("none", 4), ("wrong", 1)}
+    assert new["none", 4].ok and new["wrong", 1].error_kind == "wrong"
+    # Retried once, they are measured: a plain resume measures nothing.
+    again = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False)
+    assert again.measured == 0
+
+
+def test_harness_failures_are_measured_again_on_resume(tmp_path, workers):
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    log = _log(tmp_path, task, none4=("harness", None))
+    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False)
+    assert res.resumed == 5 and res.measured == 1 and set(_new(log, 6)) == {("none", 4)}
+
+
+def test_the_cost_model_trains_on_the_current_version_only_unless_include_stale():
+    from autotune.tuner import _Training
+
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    cfgs = list(task.space)
+    recs = [task.record(cfgs[0], costs=(1e-6,)), task.record(cfgs[1], costs=(2e-6,), template_version="0ld"),
+            task.record(cfgs[2], costs=(3e-6,), template_version=""), task.record(cfgs[3], error_kind="harness")]
+    current, every = _Training(task), _Training(task, include_stale=True)
+    current.add(recs)
+    every.add(recs)
+    assert current.latencies == [1e-6] and every.latencies == [1e-6, 2e-6, 3e-6]

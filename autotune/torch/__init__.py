@@ -5,23 +5,26 @@
     y = torch.ops.autotune.embedding_bag(weight, indices, offsets, mode="sum")
     print(at.optimize(model, pkg))     # nn.EmbeddingBag -> at.EmbeddingBag, nn.Linear -> at.QuantLinear, ...
 
-`torch.ops.autotune.{embedding_bag,interaction,qmatmul}` exist once this module is imported; they run the
-loaded kernel that fits a call's shapes and PyTorch's implementation otherwise (one warning per workload).
-$AUTOTUNE_KERNELS (package directories separated by os.pathsep) is loaded on the first call if set.
-Kernels need TVM's runtime only (tvm_ffi and the package's libtvm_runtime.so), not the TVM compiler.
+`torch.ops.autotune.<op>` exists, once this module is imported, for every operator template that declares a
+torch binding; it runs the loaded kernel that fits a call's shapes and PyTorch's implementation otherwise (one
+warning per workload). The drop-in modules (at.EmbeddingBag, at.DotInteraction, at.QuantLinear, ...) are the
+operators' own exports. $AUTOTUNE_KERNELS (package directories separated by os.pathsep) is loaded on the first
+call if set. Kernels need TVM's runtime only (tvm_ffi and the package's libtvm_runtime.so), not the compiler.
 """
 
 from __future__ import annotations
 
 from . import ops
-from .modules import DotInteraction, EmbeddingBag, QuantLinear, quantize_rows
-from .ops import IndexOutOfRange, InvalidDtype, InvalidInput, NoTunedKernelWarning
+from .ops import BINDINGS, IndexOutOfRange, InvalidDtype, InvalidInput, NoTunedKernelWarning
 from .optimize import OptimizeReport, optimize
 from .registry import REGISTRY, LoadedKernel, Package, load, load_default
 
-__all__ = ["DotInteraction", "EmbeddingBag", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKernel",
-           "NoTunedKernelWarning", "OptimizeReport", "Package", "QuantLinear", "REGISTRY", "load", "load_default",
-           "ops", "optimize", "quantize_rows", "unload_all"]
+EXPORTS: dict[str, object] = {name: value for b in BINDINGS.values() for name, value in b.exports}
+globals().update(EXPORTS)  # at.EmbeddingBag, at.quantize_rows, ...: declared by the operators' bindings
+
+__all__ = sorted(["IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKernel", "NoTunedKernelWarning",
+                  "OptimizeReport", "Package", "REGISTRY", "load", "load_default", "ops", "optimize",
+                  "unload_all", *EXPORTS])
 
 
 def unload_all() -> None:

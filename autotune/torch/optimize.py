@@ -1,11 +1,11 @@
 """`optimize(model, package)`: swap a model's modules for tuned ones where the package has kernels for them.
 
-Swapped in place: `nn.EmbeddingBag` -> `EmbeddingBag` (sharing the weight Parameter), `nn.Linear` ->
-`QuantLinear` (int8; with a ReLU that follows it in an `nn.Sequential` fused when a relu kernel exists), and any
-module type the caller maps to a factory (`extra={MyInteraction: DotInteraction.from_module}`: there is no
-standard PyTorch module for DLRM's interaction). A module is swapped only when the package holds a kernel for
-its compiled fields (dimension, mode, in/out features...) on its device, so a swap never trades PyTorch's code
-for a fallback; the report says what was swapped and why the rest was kept.
+The swaps are the operators' own (`TorchBinding.rules`, e.g. nn.EmbeddingBag -> EmbeddingBag sharing the weight
+Parameter, nn.Linear(+ReLU) -> QuantLinear); a rule sees the module, the one after it in an nn.Sequential (a
+ReLU it may fuse) and whether a loaded kernel of its operator on the module's device fits, so a swap never
+trades PyTorch's code for a fallback. `extra={MyInteraction: DotInteraction.from_module}` maps other module
+types (there is no standard PyTorch module for DLRM's interaction) and takes precedence; the module it makes is
+kept only if the rules accept it. The report says what was swapped and why the rest was kept.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from .modules import DotInteraction, EmbeddingBag, QuantLinear
+from search_spaces.template import ModuleRule, TorchBinding
+
+from .ops import BINDINGS
 from .registry import REGISTRY, LoadedKernel, Package, device_key, load
 
 __all__ = ["OptimizeReport", "Swap", "optimize"]
@@ -50,10 +52,40 @@ def _kernels(package: Package | str | os.PathLike[str] | None) -> list[LoadedKer
     return package.kernels
 
 
-def _has(kernels: list[LoadedKernel], op: str, device: str | None, match: Callable[[Any], bool]) -> bool:
-    """Whether a kernel of `op` on `device` (None: a module without tensors, any device) satisfies `match`."""
-    return any(k.op == op and (device is None or (k.device.startswith("cpu") if device == "cpu" else k.device == device))
-               and match(k.workload) for k in kernels)
+def _device(m: nn.Module) -> str | None:
+    for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
+        return device_key(t.device)
+    return None
+
+
+class _Rules:
+    """The rules of every bound operator, each with a `has_kernel` over the given kernels of its operator."""
+
+    def __init__(self, bindings: Mapping[str, TorchBinding], kernels: list[LoadedKernel], quantize: bool):
+        self.rules = [(name, r) for name, b in bindings.items() for r in b.rules if quantize or not r.quantizes]
+        self.kernels = kernels
+        self.dropins = tuple(v for b in bindings.values() for _, v in b.exports if isinstance(v, type))
+
+    def apply(self, module: nn.Module, next_module: nn.Module | None, validate: bool) -> Any:
+        """The first applicable rule's answer (see ModuleRule), or None; a reason a kernel was missing for
+        names the device."""
+        dev = _device(module)
+        for name, rule in self.rules:
+            missed: list[bool] = []
+            out = rule.swap(module, next_module, self._has_kernel(name, dev, missed), validate)
+            if out is not None:
+                return f"{out} on {dev}" if isinstance(out, str) and missed and dev else out
+        return None
+
+    def _has_kernel(self, op: str, device: str | None, missed: list[bool]) -> Callable[[Callable[[Any], bool]], bool]:
+        def has_kernel(match: Callable[[Any], bool]) -> bool:
+            found = any(k.name == op and (device is None or (k.device.startswith("cpu") if device == "cpu"
+                                                             else k.device == device)) and match(k.workload)
+                        for k in self.kernels)
+            missed.append(not found)
+            return found
+
+        return has_kernel
 
 
 def optimize(model: nn.Module, package: Package | str | os.PathLike[str] | None = None, *, quantize: bool = True,
@@ -62,9 +94,9 @@ def optimize(model: nn.Module, package: Package | str | os.PathLike[str] | None 
     """Swap `model`'s modules in place for tuned ones that `package` (a loaded Package, a package directory,
     or None: every loaded package) has kernels for; returns what was swapped and what was kept, and why.
 
-    `quantize=False` keeps every nn.Linear (QuantLinear changes numerics: int8 weights and activations).
+    `quantize=False` keeps the modules whose swap changes numerics (nn.Linear -> int8 QuantLinear).
     """
-    kernels = _kernels(package)
+    rules = _Rules(BINDINGS, _kernels(package), quantize)
     report = OptimizeReport()
     extra = dict(extra or {})
 
@@ -72,19 +104,22 @@ def optimize(model: nn.Module, package: Package | str | os.PathLike[str] | None 
         names = list(parent._modules)
         for i, name in enumerate(names):
             child = parent._modules[name]
-            if child is None:
+            if child is None or isinstance(child, rules.dropins):
                 continue
             full = f"{prefix}{name}"
-            new, why = _swap(child, parent, names[i + 1] if i + 1 < len(names) else None, kernels, quantize,
-                             extra, validate)
-            if new is not None:
+            nxt_name = names[i + 1] if i + 1 < len(names) and isinstance(parent, nn.Sequential) else None
+            nxt = parent._modules[nxt_name] if nxt_name is not None else None
+            out = _swap(child, nxt, rules, extra, validate)
+            if isinstance(out, tuple):
+                new, fuses_next = out
                 parent._modules[name] = new
                 report.swapped.append(Swap(full, _short(child), _short(new)))
-                if isinstance(new, QuantLinear) and new.relu:  # the ReLU is inside it now
-                    parent._modules[names[i + 1]] = nn.Identity()
-                    report.swapped.append(Swap(f"{prefix}{names[i + 1]}", "ReLU", f"Identity (fused into {full})"))
-            elif why is not None:
-                report.kept.append((full, why))
+                if fuses_next and nxt_name is not None:  # the next module's work is inside the new one now
+                    parent._modules[nxt_name] = nn.Identity()
+                    report.swapped.append(Swap(f"{prefix}{nxt_name}", type(nxt).__name__,
+                                               f"Identity (fused into {full})"))
+            elif isinstance(out, str):
+                report.kept.append((full, out))
             else:
                 visit(child, full + ".")
 
@@ -92,47 +127,16 @@ def optimize(model: nn.Module, package: Package | str | os.PathLike[str] | None 
     return report
 
 
+def _swap(child: nn.Module, nxt: nn.Module | None, rules: _Rules, extra: dict[type, Callable[[nn.Module], nn.Module]],
+          validate: bool) -> Any:
+    """(new module, fuses_next), or why the module is kept, or None for a module to look inside."""
+    for kind, factory in extra.items():
+        if isinstance(child, kind):
+            new = factory(child)
+            out = rules.apply(new, None, validate)  # e.g. no kernel for the new module: keep the model's own
+            return (new, False) if out is None else out
+    return rules.apply(child, nxt, validate)
+
+
 def _short(m: nn.Module) -> str:
     return f"{type(m).__module__.split('.')[0]}.{type(m).__name__}({m.extra_repr()})"
-
-
-def _device(m: nn.Module) -> str | None:
-    for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
-        return device_key(t.device)
-    return None
-
-
-def _swap(child: nn.Module, parent: nn.Module, next_name: str | None, kernels: list[LoadedKernel], quantize: bool,
-          extra: dict[type, Callable[[nn.Module], nn.Module]],
-          validate: bool) -> tuple[nn.Module | None, str | None]:
-    """(new module, None), or (None, why it was kept), or (None, None) for a module to look inside."""
-    dev = _device(child)
-    for kind, factory in extra.items():
-        if isinstance(child, kind) and not isinstance(child, (EmbeddingBag, DotInteraction, QuantLinear)):
-            new = factory(child)
-            si = getattr(new, "self_interaction", None)
-            if isinstance(new, DotInteraction) and not _has(kernels, "interaction", dev,
-                                                            lambda w: w.self_interaction == si):
-                return None, f"no interaction kernel with self_interaction={si}" + (f" on {dev}" if dev else "")
-            if isinstance(new, (EmbeddingBag, DotInteraction, QuantLinear)):
-                new.validate = validate
-            return new, None
-    if isinstance(child, nn.EmbeddingBag) and not isinstance(child, EmbeddingBag):
-        if child.max_norm is not None:
-            return None, "max_norm renormalises rows in place: PyTorch's path"
-        match = (lambda w: w.dim == child.embedding_dim and w.mode == child.mode
-                 and w.include_last_offset == child.include_last_offset and w.padding_idx == child.padding_idx)
-        if not _has(kernels, "embedding_bag", dev, match):
-            return None, (f"no embedding_bag kernel for dim={child.embedding_dim} mode={child.mode} "
-                          f"padding_idx={child.padding_idx} include_last_offset={child.include_last_offset} on {dev}")
-        return EmbeddingBag.from_module(child, validate=validate), None
-    if type(child) is nn.Linear and quantize:
-        bias = child.bias is not None
-        nxt = parent._modules.get(next_name) if next_name is not None and isinstance(parent, nn.Sequential) else None
-        fields = (child.in_features, child.out_features)
-        for relu in ((True, False) if isinstance(nxt, nn.ReLU) else (False,)):
-            if _has(kernels, "qmatmul", dev, lambda w: (w.k, w.n, w.mode, w.bias, w.relu) == (*fields, "int8", bias,
-                                                                                              relu)):
-                return QuantLinear.from_float(child, relu=relu, validate=validate), None
-        return None, (f"no int8 qmatmul kernel for k={child.in_features} n={child.out_features} bias={bias} on {dev}")
-    return None, None

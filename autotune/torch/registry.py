@@ -1,10 +1,10 @@
 """Kernel packages loaded into this process, and which kernel serves a call of a given shape.
 
-A kernel is compiled for some workload fields (embedding dimension, mode, index dtype...: its "signature") and
-is valid either for any size along one dimension (embedding-bag and interaction kernels take the batch as a
-runtime value) or for exactly the tuned size (qmatmul's M). A call's signature selects the kernels that can run
-it; its size selects among them: the exact bucket, else the nearest one, or for fixed-size kernels a plan of
-row chunks, each padded up to a bucket (and a batch above the largest bucket split into chunks of it).
+A kernel is compiled for some workload fields (its "signature": `TorchBinding.compiled`) and is valid either
+for any size along one dimension (`any_size`: the batch is a runtime value of the kernel) or for exactly its
+tuned size (`TorchBinding.size`). A call's signature selects the kernels that can run it; its size selects
+among them: the exact bucket, else the nearest one, or for fixed-size kernels a plan of chunks, each padded up
+to a bucket (and a size above the largest bucket split into chunks of it).
 
 Only TVM's runtime is needed (`autotune.runtime`, tvm_ffi): loading a package never imports the TVM compiler,
 except to name this machine's CPU when TVM happens to be installed (CPU kernels tuned for another CPU model are
@@ -17,13 +17,13 @@ import importlib.util
 import os
 import threading
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import search_spaces
 from search_spaces.space import Config
+from search_spaces.template import TorchBinding
 
 from .. import runtime
 from ..package import read_manifest
@@ -33,89 +33,26 @@ __all__ = ["Chunk", "LoadedKernel", "Package", "Registry", "REGISTRY", "device_k
 DEFAULT_ENV = "AUTOTUNE_KERNELS"  # os.pathsep-separated package directories loaded on first use
 
 
-@dataclass(frozen=True)
-class OpSpec:
-    """How an operator's kernels are matched to calls: compiled-in fields, and the size that may vary."""
-
-    signature: Callable[[Any], tuple[Any, ...]]  # workload -> fields compiled into the kernel
-    size: Callable[[Any], int]  # workload -> the tuned size along the bucketed dimension
-    any_size: bool  # True: one kernel runs any size; False: exactly its tuned size (pad or split)
-
-
-SPECS: dict[str, OpSpec] = {
-    "embedding_bag": OpSpec(
-        signature=lambda w: (w.dim, w.mode, w.index_dtype, w.per_sample_weights, w.padding_idx,
-                             w.include_last_offset),
-        size=lambda w: w.batch, any_size=True),
-    "interaction": OpSpec(signature=lambda w: (w.tables, w.dim, w.self_interaction, w.mode),
-                          size=lambda w: w.batch, any_size=True),
-    "qmatmul": OpSpec(signature=lambda w: (w.k, w.n, w.mode, w.bias, w.relu), size=lambda w: w.m, any_size=False),
-}
-
-
 def _config(raw: dict[str, Any]) -> Config:
     return Config(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in raw.items()))
 
 
-def _version(t: Any) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # an inference-mode tensor has no version counter (and cannot change outside it)
-        return -1
+class LoadedKernel(runtime.BoundKernel):
+    """One exported kernel, callable with the template's reference-order tensors for its workload (packing its
+    weights once per weight tensor: `runtime.BoundKernel`), and what its operator's binding says it serves."""
 
-
-class LoadedKernel:
-    """One exported kernel, callable with the template's reference-order tensors for its workload."""
-
-    def __init__(self, entry: dict[str, Any], func: Any, package: Path):
-        self.op: str = entry["op"]
-        self.template = search_spaces.get(self.op)
-        self.workload = self.template.Workload.from_json(entry["workload"])
-        self.config = _config(entry["config"])
+    def __init__(self, entry: dict[str, Any], func: Any, package: Path, template: Any, binding: TorchBinding):
+        self.op: str = entry["op"]  # as the package names it (a dotted path for an out-of-tree template)
+        self.name: str = template.NAME  # the torch op's name: torch.ops.autotune.<name>
         self.device: str = entry["device"]
-        self.on_gpu = self.device.startswith("cuda")
+        super().__init__(template, template.Workload.from_json(entry["workload"]), _config(entry["config"]), func,
+                         on_gpu=self.device.startswith("cuda"))
         self.latency_s: float | None = entry.get("latency_s")
         self.speedup_vs_torch: float | None = entry.get("speedup_vs_torch")
         self.file = package / entry["file"]
-        self.func = func
-        spec = SPECS[self.op]
-        self.signature = spec.signature(self.workload)
-        self.size = spec.size(self.workload)
-        # packed weights per weight tensor: (weak refs to the weights, packed tensors); see `_pack`
-        self._packs: dict[tuple[Any, ...], tuple[list[Any], tuple[Any, ...]]] = {}
-        self._lock = threading.Lock()
-
-    def _pack(self, tensors: Sequence[Any]) -> tuple[Any, ...]:
-        """The config's packed weights, made once per weight tensor and redone when it changes.
-
-        Keyed by storage, version counter and shape, and valid while the tensor that was packed is alive: a new
-        tensor that happens to reuse a freed address is packed anew, an in-place update bumps the version.
-        """
-        positions = self.template.WEIGHTS
-        if not positions:
-            return ()
-        weights = [tensors[i] for i in positions]
-        key = tuple((t.data_ptr(), _version(t), tuple(t.shape), t.dtype, t.device) for t in weights)
-        with self._lock:
-            hit = self._packs.get(key)
-            if hit is not None and all(ref() is not None for ref in hit[0]):
-                return hit[1]
-            packed = tuple(self.template.pack(self.workload, self.config, *weights))
-            self._packs = {k: v for k, v in self._packs.items() if all(ref() is not None for ref in v[0])}
-            self._packs[key] = ([weakref.ref(t) for t in weights], packed)
-            return packed
-
-    def __call__(self, *tensors: Any) -> Any:
-        """Run on reference-order tensors that fit this kernel (the caller has checked them)."""
-        args, out = self.template.kernel_args(self.workload, self.config, self._pack(tensors), *tensors)
-        if self.on_gpu:
-            import torch
-
-            with torch.cuda.device(out.device):
-                runtime.call(self.func, args, on_gpu=True)
-        else:
-            self.func(*args)
-        return out
+        self.signature = binding.compiled(self.workload)
+        self.size = binding.size(self.workload)
+        self.any_size = binding.any_size
 
     def describe(self) -> str:
         speed = f", {self.speedup_vs_torch:.2f}x PyTorch" if self.speedup_vs_torch else ""
@@ -204,7 +141,7 @@ class Registry:
             self.packages.append(package)
             for k in package.kernels:
                 dev = "cpu" if k.device.startswith("cpu") else k.device
-                bucket = self._by_signature.setdefault((k.op, dev, k.signature), [])
+                bucket = self._by_signature.setdefault((k.name, dev, k.signature), [])
                 # a later package's kernel for the same size replaces the earlier one
                 bucket[:] = [b for b in bucket if b.size != k.size] + [k]
                 bucket.sort(key=lambda b: b.size)
@@ -222,11 +159,16 @@ class Registry:
     def plan(self, op: str, device: str, signature: tuple[Any, ...], size: int) -> list[Chunk] | None:
         """Chunks that run a call of `size` along the bucketed dimension, or None if no kernel fits."""
         key = (op, device, signature, size)
-        if key not in self._plans:
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
+        with self._lock:
             if len(self._plans) > 4096:  # serving traffic brings many batch sizes: keep the cache bounded
                 self._plans.clear()
-            self._plans[key] = make_plan(self.kernels(op, device, signature), size, SPECS[op].any_size)
-        return self._plans[key]
+            kernels = self.kernels(op, device, signature)
+            self._plans[key] = plan = make_plan(kernels, size, kernels[0].any_size) if kernels else None
+        return plan
 
 
 def make_plan(kernels: Sequence[LoadedKernel], size: int, any_size: bool) -> list[Chunk] | None:
@@ -266,8 +208,6 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
     """
     import torch
 
-    from . import ops  # noqa: F401  (the operators exist once a package is loaded)
-
     path = Path(path)
     manifest = read_manifest(path)
     has_cpu = any(str(e.get("device", "")).startswith("cpu") for e in manifest.get("kernels", []))
@@ -275,10 +215,12 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
     cuda = torch.cuda.is_available()
     pkg = Package(path=path, manifest=manifest)
     usable = []
+    bindings: dict[str, tuple[Any, TorchBinding]] = {}
     for entry in manifest.get("kernels", []):
         dev = entry.get("device", "")
-        if entry.get("op") not in SPECS:
-            pkg.skipped.append((entry, "no PyTorch operator for it"))
+        why = _bind(str(entry.get("op")), bindings)
+        if why is not None:
+            pkg.skipped.append((entry, why))
         elif dev.startswith("cpu") and want_cpu not in (None, "any", dev):
             pkg.skipped.append((entry, f"tuned for {dev}, this machine is {want_cpu}"))
         elif dev.startswith("cuda") and not cuda:
@@ -298,13 +240,30 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
         runtime.load_runtime(str(path / "lib"), cuda=False)
     for entry in usable:
         func = runtime.load_function(str(path / entry["file"]))
-        pkg.kernels.append(LoadedKernel(entry, func, path))
+        pkg.kernels.append(LoadedKernel(entry, func, path, *bindings[entry["op"]]))
     if pkg.skipped:
         warnings.warn(f"autotune: {len(pkg.skipped)} of {len(manifest.get('kernels', []))} kernels in {path} not "
                       f"loaded: " + "; ".join(f"{e.get('op')} on {e.get('device')}: {why}" for e, why in pkg.skipped),
                       stacklevel=2)
     REGISTRY.add(pkg)
     return pkg
+
+
+def _bind(op: str, bindings: dict[str, tuple[Any, TorchBinding]]) -> str | None:
+    """Register the torch op of a package entry's template (into `bindings`), or say why there is none."""
+    from . import ops
+
+    if op in bindings:
+        return None
+    try:
+        template = search_spaces.get(op)
+    except (search_spaces.UnknownOperator, ImportError) as err:
+        return f"unknown operator: {err}"
+    binding = ops.register(template)
+    if binding is None:
+        return "no PyTorch operator for it"
+    bindings[op] = (template, binding)
+    return None
 
 
 _DEFAULT_LOADED = False

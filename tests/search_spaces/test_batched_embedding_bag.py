@@ -12,6 +12,9 @@ from autotune.task import make_task
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import batched_embedding_bag as tbe
+from search_spaces import embedding_bag as eb
+from search_spaces.batched_embedding_bag import cpu as tbe_cpu, cuda as tbe_cuda
+from search_spaces.embedding_bag import cpu as eb_cpu, cuda as eb_cuda
 
 # three tables of different sizes, pooling from 0 (empty bags), dim 16
 SMALL = dict(rows=(50, 7, 300), dim=16, batch=9, pooling=(0, 6))
@@ -114,7 +117,7 @@ def test_gpu_loop_nest_computes_the_reference(case):
     tensors = tbe.inputs(w, seed=5)
     ref = tbe.reference(w, *tensors)
     for cfg in configs:
-        func = tvm.compile(tbe.lower(w, cfg, target, bind_threads=False), target="llvm")["main"]
+        func = tvm.compile(tbe_cuda.lower_emulation(w, cfg, target), target="llvm")["main"]
         args, out = tbe.kernel_args(w, cfg, (), *tensors)
         func(*args)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
@@ -138,10 +141,27 @@ def test_gpu_space_default_is_a_coalesced_float4_config():
     target = resolve("cuda:sm_90").target()
     space = tbe.space(w, target)
     cfg = space.default()
-    assert (cfg[tbe.GPU_VECTOR], cfg[tbe.DIM_ITERS], cfg[tbe.THREADS]) == (4, 1, 256)  # a warp per 512 B row
-    assert cfg[tbe.GPU_UNROLL] > 1
+    # a warp per 512 B row
+    assert (cfg[tbe_cuda.GPU_VECTOR], cfg[tbe_cuda.DIM_ITERS], cfg[tbe_cuda.THREADS]) == (4, 1, 256)
+    assert cfg[tbe_cuda.GPU_UNROLL] > 1
     limit = int(target.attrs["max_threads_per_block"])
-    assert all(c[tbe.THREADS] <= limit for c in space)
+    assert all(c[tbe_cuda.THREADS] <= limit for c in space)
+
+
+def test_knobs_are_embedding_bags_declared_once_with_this_kernels_defaults():
+    """Every CPU knob and the shared CUDA ones are embedding_bag's (one doc, a subset of its options); the
+    batched kernel keeps its own defaults: a local accumulator, 256-thread blocks, 4 rows per step."""
+    w = tbe.Workload(**SMALL)
+    cpu, gpu = resolve("cpu").target(), resolve("cuda:sm_90").target()
+    shared = [(k, eb_cpu) for k in tbe.space(w, cpu).knobs]
+    shared += [(k, eb_cuda) for k in tbe.space(w, gpu).knobs if k.name not in ("dim_iters", "bag_rounds")]
+    for knob, home in shared:
+        original = getattr(home, knob.name.upper())
+        assert knob.doc == original.doc and set(knob.values) <= set(original.options), knob.name
+    assert tbe.space(w, cpu).default()[tbe_cpu.ACCUMULATOR] == "local"
+    single = eb.Workload(rows=50, dim=16, batch=9, pooling=(0, 6))
+    assert eb.space(single, cpu).default()[eb_cpu.ACCUMULATOR] == "output"
+    assert (tbe.space(w, gpu).default()[tbe_cuda.THREADS], tbe.space(w, gpu).default()[tbe_cuda.GPU_UNROLL]) == (256, 4)
 
 
 # ---- workload, inputs, validation -----------------------------------------------------------------------
@@ -233,7 +253,7 @@ def test_check_inputs_rejects_bad_tensors():
         "offsets\\[0\\] must be 0": (weight, toff, idx, torch.tensor([1, 1, 3, 4, 5])),
         "exceeds the 5 indices": (weight, toff, idx, torch.tensor([0, 1, 3, 4, 6])),
         "contiguous": (torch.randn(4, 8).t(), toff, idx, off),
-        "all inputs must be on one device": (weight, toff, idx.to("meta"), off),
+        "all tensors must be on one device": (weight, toff, idx.to("meta"), off),
     }
     for message, tensors in bad.items():
         with pytest.raises((ValueError, TypeError, IndexError), match=message):

@@ -2,7 +2,7 @@
 
 GPU configs are checked as far as a machine without a GPU allows: they build for sm_80/sm_90 within the
 device's limits, their CUDA has no LLVM intrinsics, and their numerics are checked on the CPU twin of the
-GPU schedule (`lower_gpu_emulation`: same TVMScript and schedule, serial threads, shuffles as reads) and,
+GPU schedule (`cuda.lower_emulation`: same TVMScript and schedule, serial threads, shuffles as reads) and,
 for the shuffles' masks and widths that the twin cannot check, by running the generated CUDA C on the
 emulator of tests/cuda_emulator.py.
 """
@@ -22,6 +22,7 @@ from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import embedding_bag as eb
+from search_spaces.embedding_bag import cuda as eb_cuda
 
 CASES = {
     "sum": dict(),
@@ -182,8 +183,8 @@ def test_gpu_space_has_documented_cuda_knobs_and_a_fast_looking_default():
     assert all(k.doc for k in space.knobs)
     cfg = space.default()
     # 16-byte loads, one bag per warp (512 contiguous bytes per row), several loads in flight, shared indices
-    assert (cfg[eb.GPU_VECTOR], cfg[eb.DIM_THREADS], cfg[eb.INDEX_PREFETCH]) == (4, 32, "shuffle")
-    assert cfg[eb.GPU_UNROLL] >= 4 and cfg[eb.THREADS] % 32 == 0
+    assert (cfg[eb_cuda.GPU_VECTOR], cfg[eb_cuda.DIM_THREADS], cfg[eb_cuda.INDEX_PREFETCH]) == (4, 32, "shuffle")
+    assert cfg[eb_cuda.GPU_UNROLL] >= 4 and cfg[eb_cuda.THREADS] % 32 == 0
 
 
 @pytest.mark.parametrize("dim", [8, 24, 64, 128, 256, 1024])
@@ -194,19 +195,19 @@ def test_gpu_space_constraints_keep_blocks_within_the_device_limits(dim):
         space = eb.space(eb.Workload(rows=100, dim=dim, batch=64, pooling=(0, 9)), device.target())
         rng = random.Random(dim)
         for cfg in [space.default()] + [space.sample(rng) for _ in range(300)]:
-            threads, lanes, vec = cfg[eb.THREADS], cfg[eb.DIM_THREADS], cfg[eb.GPU_VECTOR]
+            threads, lanes, vec = cfg[eb_cuda.THREADS], cfg[eb_cuda.DIM_THREADS], cfg[eb_cuda.GPU_VECTOR]
             assert threads <= limit and threads % 32 == 0 and threads % lanes == 0, cfg
             assert dim % (lanes * vec) == 0, cfg
-            assert dim // lanes <= eb.GPU_MAX_ACCUMULATORS, cfg  # accumulators stay in registers
-        assert any(c[eb.THREADS] == limit for c in space), "the largest block the device allows is in the space"
+            assert dim // lanes <= eb_cuda.GPU_MAX_ACCUMULATORS, cfg  # accumulators stay in registers
+        assert any(c[eb_cuda.THREADS] == limit for c in space), "the largest block the device allows is in the space"
 
 
 def test_gpu_configs_lower_to_cuda_without_llvm_intrinsics():
     """The CPU kernel's prefetch is an LLVM intrinsic; CUDA source must not carry it (nor any LLVM call)."""
     w = eb.Workload(rows=100, dim=64, batch=32, pooling=(0, 9), mode="mean", padding_idx=2)
     space = eb.space(w, SM90.target())
-    for prefetch in eb.INDEX_PREFETCH.options:
-        cfg = next(c for c in space if c[eb.INDEX_PREFETCH] == prefetch)
+    for prefetch in eb_cuda.INDEX_PREFETCH.options:
+        cfg = next(c for c in space if c[eb_cuda.INDEX_PREFETCH] == prefetch)
         mod = eb.lower(w, cfg, SM90.target())
         assert "call_llvm" not in mod.script()
         # in this process TVM keeps the CUDA source (there is no CUDA runtime to compile it to a cubin)
@@ -250,9 +251,9 @@ def test_gpu_schedule_numerics_on_its_cpu_twin(case):
     space = eb.space(w, SM90.target())
     rng = random.Random(len(case))  # the default shuffles indices; a random config that does not
     configs = [space.default(), next(c for c in (space.sample(rng) for _ in range(1000))
-                                     if c[eb.INDEX_PREFETCH] == "none")]
+                                     if c[eb_cuda.INDEX_PREFETCH] == "none")]
     for cfg in configs:
-        kernel = tvm.compile(eb.lower_gpu_emulation(w, cfg, SM90.target()), target="llvm")["main"]
+        kernel = tvm.compile(eb_cuda.lower_emulation(w, cfg, SM90.target()), target="llvm")["main"]
         for batch in (13, 40, 3):
             other = eb.Workload(batch=batch, **fields)
             tensors = eb.inputs(other, seed=batch)

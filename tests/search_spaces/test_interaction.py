@@ -12,8 +12,10 @@ from autotune.build import compile_module
 from autotune.task import make_task
 from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
-from search_spaces import InvalidConfig, WorkloadError
+from search_spaces import InvalidConfig, InvalidDtype, InvalidInput, WorkloadError
 from search_spaces import interaction as it
+from search_spaces.interaction import cpu, cuda
+from search_spaces.interaction.workload import dot_interaction
 
 CASES = {
     # dim 12 and 20 are not multiples of the 8- and 16-lane options (the staged copy is zero-padded)
@@ -43,6 +45,19 @@ def dlrm(x, ly, self_interaction=False):
     lj = torch.tensor([j for i in range(nj) for j in range(i + offset)])
     return torch.cat([x] + [z[:, li, lj]], dim=1)
 
+
+
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_workload_free_reference_serves_any_dtype_and_batch(self_interaction):
+    """`dot_interaction` is the torch op's PyTorch path: other dtypes, lists or stacks, and empty batches."""
+    gen = torch.Generator().manual_seed(4)
+    x, ly = torch.randn(5, 6, generator=gen, dtype=torch.float64), torch.randn(5, 3, 6, generator=gen, dtype=torch.float64)
+    ref = dlrm(x, ly.unbind(1), self_interaction)
+    torch.testing.assert_close(dot_interaction(x, ly, self_interaction), ref, rtol=0, atol=0)
+    torch.testing.assert_close(dot_interaction(x, list(ly.unbind(1)), self_interaction), ref, rtol=0, atol=0)
+    pairs = 10 if self_interaction else 6
+    assert dot_interaction(x[:0], ly[:0], self_interaction).shape == (0, 6 + pairs)
+    assert dot_interaction(x[:0], list(ly[:0].unbind(1)), self_interaction).shape == (0, 6 + pairs)
 
 def close(out, ref, w, msg=""):
     rtol, atol = it.tolerance(w)
@@ -126,7 +141,7 @@ def test_cat_mode_every_config():
     x, ly = it.inputs(w, seed=2)
     ref = it.reference(w, x, ly)
     torch.testing.assert_close(ref, torch.cat([x] + list(ly.unbind(1)), dim=1))
-    assert {c[it.COPY_LANES] for c in task.space} == {4, 1}  # 8 and 16 do not divide 12
+    assert {c[cpu.COPY_LANES] for c in task.space} == {4, 1}  # 8 and 16 do not divide 12
     rng = random.Random(1)
     configs = list(task.space)
     for cfg in [task.space.default()] + rng.sample(configs, 3):
@@ -264,6 +279,10 @@ def test_check_inputs_rejects_bad_tensors():
         it.check_inputs(w, x.to("meta"), ly)
     with pytest.raises(ValueError, match=r"ly\[0\] is on meta"):
         it.check_inputs(w, x, [ly[:, 0].to("meta"), ly[:, 1]])
+    with pytest.raises(InvalidDtype, match="x must be float32"):  # PyTorch's RuntimeError too
+        it.check_inputs(w, x.double(), ly)
+    with pytest.raises(InvalidInput, match="x must be contiguous"):
+        it.check_inputs(w, torch.randn(4, 3).t(), ly)
 
 
 # ---- CUDA ------------------------------------------------------------------------------------------------
@@ -288,11 +307,11 @@ def test_gpu_space_keeps_threads_and_shared_memory_within_limits(arch):
     w, spec, space = task.workload, task.device.gpu, task.space
     rng = random.Random(arch)
     for cfg in [space.default()] + [space.sample(rng) for _ in range(500)]:
-        assert cfg[it.THREADS] <= spec.max_threads_per_block, cfg
-        assert it.cuda_shared_bytes(w, cfg) <= spec.shared_memory_per_block, cfg
+        assert cfg[cuda.THREADS] <= spec.max_threads_per_block, cfg
+        assert cuda.cuda_shared_bytes(w, cfg) <= spec.shared_memory_per_block, cfg
     # the untuned default is a fast-looking config: 16-byte loads, at least 4 blocks per SM
     default = space.default()
-    assert default[it.VECTOR] == 4 and -(-w.batch // default[it.SAMPLES_PER_BLOCK]) >= 4 * spec.sms
+    assert default[cuda.VECTOR] == 4 and -(-w.batch // default[cuda.SAMPLES_PER_BLOCK]) >= 4 * spec.sms
     # a config that skipped the space's constraints is refused by lower(), not built into a crash
     from search_spaces import Config
 
@@ -309,9 +328,9 @@ def test_gpu_shared_memory_model_matches_the_generated_kernels():
         source = cuda_source(task, cfg)
         arrays = re.findall(r"__shared__ alignas\(\d+\) float(\d?) \w+\[(\d+)\];", source)  # float, float4...
         declared = sum(4 * int(lanes or 1) * int(n) for lanes, n in arrays)
-        modelled = it.cuda_shared_bytes(w, cfg)
+        modelled = cuda.cuda_shared_bytes(w, cfg)
         assert modelled <= declared <= modelled + 8, (cfg, arrays)  # + unused 1-float arrays
-        assert int(re.search(r"__launch_bounds__\((\d+)\)", source).group(1)) == cfg[it.THREADS]
+        assert int(re.search(r"__launch_bounds__\((\d+)\)", source).group(1)) == cfg[cuda.THREADS]
         if cfg == space.default():
             assert "*(float4*)(ly_ptr" in source  # 16-byte loads of the embeddings
             assert "call_llvm" not in task.lower(cfg).script()  # no host intrinsics in the kernel
@@ -323,7 +342,7 @@ def test_cuda_tiles_cover_every_kept_pair_once(self_interaction):
         w = it.Workload(batch=1, tables=tables, dim=4, self_interaction=self_interaction)
         f = w.features
         for side in (1, 2, 3, 4):
-            grid = it.tile_grid(w, side)
+            grid = cuda.tile_grid(w, side)
             written = []
             for t in range(grid.count):
                 i0, j0 = grid.origin(t)
@@ -340,9 +359,9 @@ def test_gpu_space_follows_the_workload():
     assert knobs["samples_per_block"] == {1, 2} and len(small) > 0
     cat = make_task("interaction", "cuda:sm_80", batch=4, tables=3, dim=12, mode="cat").space
     assert [k.name for k in cat.knobs] == ["vector", "threads", "items_per_thread"]
-    assert {c[it.VECTOR] for c in cat} == {4, 2, 1}
+    assert {c[cuda.VECTOR] for c in cat} == {4, 2, 1}
     for cfg in make_task("interaction", "cuda:sm_80", **DLRM).space:  # every config divides D evenly
-        assert DLRM["dim"] % (cfg[it.DOT_LANES] * cfg[it.VECTOR]) == 0
+        assert DLRM["dim"] % (cfg[cuda.DOT_LANES] * cfg[cuda.VECTOR]) == 0
 
 
 def test_check_inputs_wants_one_device_and_outputs_follow_it():

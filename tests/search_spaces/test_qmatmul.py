@@ -12,15 +12,14 @@ from autotune.kernel import Kernel
 from autotune.task import make_task
 from cuda_emulator import cuda_source, emulate_cuda
 from gpu_build import ARCHS, assert_built_within_limits
-from search_spaces import WorkloadError
+from search_spaces import InvalidConfig, WorkloadError
 from search_spaces import qmatmul as qm
+from search_spaces.qmatmul import cuda
+from search_spaces.qmatmul.workload import accumulate
 
 
 def run(task, cfg, tensors):
-    func = compile_module(task, cfg)["main"]
-    args, out = task.kernel_args(cfg, task.pack(cfg, tensors), tensors)
-    func(*args)
-    return out
+    return task.bind(cfg, compile_module(task, cfg)["main"])(*tensors)
 
 
 def configs(task, n, seed, **fixed):
@@ -61,7 +60,7 @@ def test_int32_accumulation_is_exact_for_every_available_intrinsic(intrinsic):
     a[0, :] = -128  # extremes: -128 * -128 must not saturate anywhere
     weight[0, :] = -128
     ones_m, ones_n = torch.ones(w.m), torch.ones(w.n)  # unit scales: the output is the int32 sum itself
-    exact = qm.accumulate(w, a, weight)
+    exact = accumulate(a, weight)
     for cfg in configs(task, 3, seed=5, intrinsic=intrinsic):
         out = run(task, cfg, (a, weight, ones_m, ones_n))
         assert torch.equal(out.to(torch.int64), exact.to(torch.int64)), str(cfg)
@@ -93,12 +92,12 @@ def test_kernel_repacks_only_when_the_weight_changes():
     k = Kernel(task, task.space.default())
     tensors = list(qm.inputs(task.workload, seed=0))
     torch.testing.assert_close(k(*tensors), qm.reference(task.workload, *tensors))
-    packed = k._packed
+    packed = k.bound.pack(tensors)
     k(*tensors)
-    assert k._packed is packed  # same weight: no repacking
+    assert k.bound.pack(tensors) is packed  # same weight: no repacking
     tensors[1].mul_(-1)  # an in-place update bumps the tensor version
     torch.testing.assert_close(k(*tensors), qm.reference(task.workload, *tensors))
-    assert k._packed is not packed
+    assert k.bound.pack(tensors) is not packed
 
 
 def test_baselines_compute_the_same_op():
@@ -145,6 +144,15 @@ def test_check_inputs_accepts_one_device_of_any_kind():
         qm.check_inputs(w, a, weight.to("meta"), sa, sw, bias)
 
 
+def test_lower_refuses_a_config_of_the_other_device():
+    cpu_task = make_task("qmatmul", "cpu", shape=qm.TEST_SHAPE)
+    gpu_task = make_task("qmatmul", "cuda:sm_90", shape=qm.TEST_SHAPE)
+    with pytest.raises(InvalidConfig, match="not one of the llvm space"):
+        cpu_task.lower(gpu_task.space.default())
+    with pytest.raises(InvalidConfig, match="not one of the cuda space"):
+        gpu_task.lower(cpu_task.space.default())
+
+
 # ---- GPU (CUDA): compiled with nvcc for each architecture, never run (no GPU here) --------------------------
 SMALL = dict(m=64, k=128, n=64)
 BIG = dict(m=4096, k=1024, n=1024)  # DLRM's MLP shape the GPU defaults are chosen for
@@ -152,13 +160,13 @@ BIG = dict(m=4096, k=1024, n=1024)  # DLRM's MLP shape the GPU defaults are chos
 
 def sample_of(task, path, rng):
     """A random config of the task's space that takes compute path `path`."""
-    return next(c for c in (task.space.sample(rng) for _ in range(1000)) if c[qm.COMPUTE] == path)
+    return next(c for c in (task.space.sample(rng) for _ in range(1000)) if c[cuda.COMPUTE] == path)
 
 
 def one_per_path(task, seed):
     """The default config and one sampled config per compute path of the task's space."""
     rng = random.Random(seed)
-    paths = [k for k in task.space.knobs if k.name == qm.COMPUTE.name][0].values
+    paths = [k for k in task.space.knobs if k.name == cuda.COMPUTE.name][0].values
     return list(dict.fromkeys([task.space.default()] + [sample_of(task, path, rng) for path in paths]))
 
 
@@ -166,11 +174,11 @@ def test_gpu_space_defaults_to_tensor_cores_with_a_large_tiling():
     for arch in ARCHS:
         task = make_task("qmatmul", f"cuda:{arch}", **BIG)
         cfg = task.space.default()
-        assert cfg[qm.COMPUTE] == "mma" and cfg[qm.PREFETCH] and cfg[qm.VECTOR_BYTES] == 16
-        assert (cfg[qm.BLOCK_M], cfg[qm.BLOCK_N], cfg[qm.WARP_M], cfg[qm.WARP_N]) == (128, 128, 64, 64)
-        assert cfg[qm.BLOCK_K] in (32, 64)
+        assert cfg[cuda.COMPUTE] == "mma" and cfg[cuda.PREFETCH] and cfg[cuda.VECTOR_BYTES] == 16
+        assert (cfg[cuda.BLOCK_M], cfg[cuda.BLOCK_N], cfg[cuda.WARP_M], cfg[cuda.WARP_N]) == (128, 128, 64, 64)
+        assert cfg[cuda.BLOCK_K] in (32, 64)
     weight_only = make_task("qmatmul", "cuda:sm_90", mode="weight_only", **BIG).space
-    (compute,) = [k for k in weight_only.knobs if k.name == qm.COMPUTE.name]
+    (compute,) = [k for k in weight_only.knobs if k.name == cuda.COMPUTE.name]
     assert compute.values == ("plain",)  # fp32 activations: no int8 instruction applies
 
 
@@ -179,7 +187,7 @@ def test_gpu_space_offers_tensor_cores_from_sm_80_and_dp4a_from_sm_61():
 
     def paths(arch):
         target = gpu_device(GpuSpec(card="test", arch=arch, sms=1)).target()
-        return {c[qm.COMPUTE] for c in qm.space(qm.Workload(m=16, k=32, n=16), target)}
+        return {c[cuda.COMPUTE] for c in qm.space(qm.Workload(m=16, k=32, n=16), target)}
 
     assert paths("sm_60") == {"plain"}
     assert paths("sm_75") == {"dp4a", "plain"}
@@ -196,13 +204,13 @@ def test_gpu_sampled_configs_respect_threads_and_shared_memory_by_construction()
         max_shared = int(target.attrs["max_shared_memory_per_block"])
         rng = random.Random(3)
         for cfg in (task.space.sample(rng) for _ in range(300)):
-            bm, bn, bk = cfg[qm.BLOCK_M], cfg[qm.BLOCK_N], cfg[qm.BLOCK_K]
-            if cfg[qm.COMPUTE] == "mma":
-                threads = 32 * (bm // cfg[qm.WARP_M]) * (bn // cfg[qm.WARP_N])
+            bm, bn, bk = cfg[cuda.BLOCK_M], cfg[cuda.BLOCK_N], cfg[cuda.BLOCK_K]
+            if cfg[cuda.COMPUTE] == "mma":
+                threads = 32 * (bm // cfg[cuda.WARP_M]) * (bn // cfg[cuda.WARP_N])
                 shared = (bm + bn) * (bk + 16)
             else:
-                threads = (bm // cfg[qm.THREAD_M]) * (bn // cfg[qm.THREAD_N])
-                shared = bm * (bk + cfg[qm.VECTOR_BYTES]) + bn * bk
+                threads = (bm // cfg[cuda.THREAD_M]) * (bn // cfg[cuda.THREAD_N])
+                shared = bm * (bk + cfg[cuda.VECTOR_BYTES]) + bn * bk
             assert 32 <= threads <= max_threads, cfg
             assert shared <= max_shared, cfg
             assert bm * bn <= int(target.attrs["registers_per_block"]) // 2, cfg  # accumulators, one register each
@@ -221,7 +229,7 @@ def test_gpu_default_big_config_compiles_within_limits(gpu_builder):
 def test_gpu_every_compute_path_builds_within_limits(gpu_builder, arch):
     task = make_task("qmatmul", f"cuda:{arch}", **SMALL)
     configs = one_per_path(task, seed=len(arch))
-    assert {c[qm.COMPUTE] for c in configs} == {"mma", "dp4a", "plain"}
+    assert {c[cuda.COMPUTE] for c in configs} == {"mma", "dp4a", "plain"}
     weight_only = make_task("qmatmul", f"cuda:{arch}", mode="weight_only", relu=True, **SMALL)
     for t, cfgs in ((task, configs), (weight_only, one_per_path(weight_only, seed=1))):
         built = gpu_builder.build(t, cfgs)
@@ -244,7 +252,7 @@ def test_gpu_pack_and_kernel_args_follow_the_inputs_device():
     tensors = qm.inputs(w, seed=0)
     for path in ("mma", "dp4a"):
         cfg = sample_of(task, path, random.Random(0))
-        mp, kp, np_ = qm.padded(w, cfg)
+        mp, kp, np_ = cuda.padded(w, cfg)
         meta = [t.to("meta") for t in tensors]
         (packed,) = qm.pack(w, cfg, meta[1])
         args, out = qm.kernel_args(w, cfg, (packed,), *meta)
@@ -268,15 +276,15 @@ def test_gpu_pack_and_kernel_args_follow_the_inputs_device():
 def run_emulated(task, cfg, tensors):
     """The kernel's output for reference-order `tensors`, computed by emulating its CUDA C."""
     w = task.workload
-    args, out = task.kernel_args(cfg, task.pack(cfg, tensors), tensors)
+    args, out = task.bind(cfg).arguments(*tensors)
     names = ["A", "Wp", "a_scale", "w_scale", "bias"] if w.mode == "int8" else ["A", "Wp", "w_scale", "bias"]
     named = dict(zip(names[:len(args) - 1], args[:-1]), Y=args[-1])
-    mp, _, np_ = qm.padded(w, cfg)
-    if cfg[qm.COMPUTE] == "mma":
-        block = (32, (cfg[qm.BLOCK_M] // cfg[qm.WARP_M]) * (cfg[qm.BLOCK_N] // cfg[qm.WARP_N]))
+    mp, _, np_ = cuda.padded(w, cfg)
+    if cfg[cuda.COMPUTE] == "mma":
+        block = (32, (cfg[cuda.BLOCK_M] // cfg[cuda.WARP_M]) * (cfg[cuda.BLOCK_N] // cfg[cuda.WARP_N]))
     else:
-        block = (cfg[qm.BLOCK_N] // cfg[qm.THREAD_N], cfg[qm.BLOCK_M] // cfg[qm.THREAD_M])
-    emulate_cuda(cuda_source(task, cfg), (mp // cfg[qm.BLOCK_M]) * (np_ // cfg[qm.BLOCK_N]), block, named)
+        block = (cfg[cuda.BLOCK_N] // cfg[cuda.THREAD_N], cfg[cuda.BLOCK_M] // cfg[cuda.THREAD_M])
+    emulate_cuda(cuda_source(task, cfg), (mp // cfg[cuda.BLOCK_M]) * (np_ // cfg[cuda.BLOCK_N]), block, named)
     return out
 
 

@@ -1,0 +1,342 @@
+"""This machine's measured limits: the roof a kernel's GB/s, GFLOPS or GOPS is a share of.
+
+Three microbenchmarks in one small C program, compiled once with the system's compiler
+(`cc -O3 -march=native -fopenmp`) and run with as many threads as TVM's pool uses (TVM_NUM_THREADS):
+- random-row gather: sum uniformly random rows of a (rows, dim) fp32 table, nothing else per row, with
+  software prefetch at several distances; the best is the roof of an embedding bag (whose GB/s counts
+  gathered rows the same way, so a Zipf stream whose hot rows stay in cache can exceed it);
+- fp32 FMA peak: independent vector FMA chains per thread, enough of them to be throughput-bound;
+- int8 peak: u8 x s8 -> s32 dot products, `vpdpbusd` where the CPU has AVX512-VNNI or AVX-VNNI, else AVX2's
+  `pmaddubsw` + `pmaddwd` + add (what int8 GEMMs use there); 2 ops per multiply-add, as qmatmul counts.
+The program is compiled once into ~/.cache/autotune/; each roof is measured once per process, in the same run
+as the kernels it is compared with (a second or so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+GATHER_INDICES = 1 << 21  # rows gathered per pass: enough that a pass lasts milliseconds, cache or not
+
+
+class RooflineUnavailable(RuntimeError):
+    """The microbenchmark cannot be built or run here (no C compiler, no OpenMP, a non-x86 CPU ...)."""
+
+
+@dataclass(frozen=True)
+class Roof:
+    name: str  # what was measured, e.g. "random-gather bandwidth"
+    value: float  # in `unit`
+    unit: str  # "GB/s", "GFLOPS" or "GOPS": the Traffic unit of the kernels it bounds
+
+    def share(self, rate: float) -> float:
+        """The fraction of this roof that `rate` (same unit) reaches."""
+        return rate / self.value
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+
+/* Each thread: NACC independent chains; returns ops per second (2 per FMA lane). */
+static double fma_peak(long iters) {
+    double best = 0; volatile float seed = 1e-7f; float sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        #pragma omp parallel reduction(+:sink)
+        {
+#if defined(__AVX512F__)
+#define NACC 16
+            __m512 a = _mm512_set1_ps(seed), m = _mm512_set1_ps(0.9999f), acc[NACC];
+            for (int j = 0; j < NACC; j++) acc[j] = _mm512_set1_ps((float)j);
+            for (long i = 0; i < iters; i++)
+                for (int j = 0; j < NACC; j++) acc[j] = _mm512_fmadd_ps(acc[j], m, a);
+            for (int j = 0; j < NACC; j++) sink += _mm512_reduce_add_ps(acc[j]);
+#define LANES 16
+#else
+#define NACC 12
+            __m256 a = _mm256_set1_ps(seed), m = _mm256_set1_ps(0.9999f), acc[NACC];
+            for (int j = 0; j < NACC; j++) acc[j] = _mm256_set1_ps((float)j);
+            for (long i = 0; i < iters; i++)
+                for (int j = 0; j < NACC; j++) acc[j] = _mm256_fmadd_ps(acc[j], m, a);
+            float lanes[8];
+            for (int j = 0; j < NACC; j++) {
+                _mm256_storeu_ps(lanes, acc[j]);
+                for (int l = 0; l < 8; l++) sink += lanes[l];
+            }
+#define LANES 8
+#endif
+        }
+        double rate = 2.0 * LANES * NACC * (double)iters * omp_get_max_threads() / (now() - t0);
+        if (rate > best) best = rate;
+    }
+    fprintf(stderr, "sink %g\n", sink);
+    return best;
+}
+#undef NACC
+#undef LANES
+
+/* u8 x s8 -> s32 multiply-adds per second, times 2. */
+static double int8_peak(long iters, const char **how) {
+    double best = 0; volatile int seed = 3; long sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        #pragma omp parallel reduction(+:sink)
+        {
+#if defined(__AVX512VNNI__)
+#define NACC 16
+#define MACS 64
+            *how = "int8 VNNI (vpdpbusd zmm) peak";
+            __m512i a = _mm512_set1_epi8((char)seed), b = _mm512_set1_epi8(5), acc[NACC];
+            for (int j = 0; j < NACC; j++) acc[j] = _mm512_set1_epi32(j);
+            for (long i = 0; i < iters; i++)
+                for (int j = 0; j < NACC; j++) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+            for (int j = 0; j < NACC; j++) sink += _mm512_reduce_add_epi32(acc[j]);
+#elif defined(__AVXVNNI__)
+#define NACC 12
+#define MACS 32
+            *how = "int8 AVX-VNNI (vpdpbusd ymm) peak";
+            __m256i a = _mm256_set1_epi8((char)seed), b = _mm256_set1_epi8(5), acc[NACC];
+            for (int j = 0; j < NACC; j++) acc[j] = _mm256_set1_epi32(j);
+            for (long i = 0; i < iters; i++)
+                for (int j = 0; j < NACC; j++) acc[j] = _mm256_dpbusd_avx_epi32(acc[j], a, b);
+            int lanes[8];
+            for (int j = 0; j < NACC; j++) {
+                _mm256_storeu_si256((__m256i *)lanes, acc[j]);
+                for (int l = 0; l < 8; l++) sink += lanes[l];
+            }
+#else
+#define NACC 8
+#define MACS 32
+            *how = "int8 AVX2 (pmaddubsw+pmaddwd) peak";
+            __m256i a = _mm256_set1_epi8((char)seed), b = _mm256_set1_epi8(5), one = _mm256_set1_epi16(1), acc[NACC];
+            for (int j = 0; j < NACC; j++) acc[j] = _mm256_set1_epi32(j);
+            for (long i = 0; i < iters; i++)
+                for (int j = 0; j < NACC; j++)
+                    acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one));
+            int lanes[8];
+            for (int j = 0; j < NACC; j++) {
+                _mm256_storeu_si256((__m256i *)lanes, acc[j]);
+                for (int l = 0; l < 8; l++) sink += lanes[l];
+            }
+#endif
+        }
+        double rate = 2.0 * MACS * NACC * (double)iters * omp_get_max_threads() / (now() - t0);
+        if (rate > best) best = rate;
+    }
+    fprintf(stderr, "sink %ld\n", sink);
+    return best;
+}
+
+/* Bytes of gathered rows per second, best of several prefetch distances; also a sequential read. */
+static void gather(long rows, long dim, long n) {
+    float *w = aligned_alloc(64, ((rows * dim * sizeof(float)) + 63) / 64 * 64);
+    int64_t *idx = malloc(n * sizeof(int64_t));
+    float *out = calloc((size_t)omp_get_max_threads() * dim, sizeof(float));
+    #pragma omp parallel for
+    for (long i = 0; i < rows * dim; i++) w[i] = (float)(i & 1023);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (long i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; idx[i] = (int64_t)(s % (uint64_t)rows); }
+    long lines = (dim * (long)sizeof(float) + 63) / 64;
+    double bytes = (double)n * dim * sizeof(float);
+    const int dists[] = {0, 4, 8, 16, 32, 64};
+    for (int d = 0; d < 6; d++) {
+        int p = dists[d];
+        double best = 1e30, spent = 0;
+        for (int rep = 0; rep < 20 && (rep < 3 || spent < 0.2); rep++) {
+            double t0 = now();
+            #pragma omp parallel
+            {
+                int t = omp_get_thread_num(), nt = omp_get_num_threads();
+                long lo = n * t / nt, hi = n * (t + 1) / nt;
+                float *acc = out + (long)t * dim;
+                for (long i = lo; i < hi; i++) {
+                    if (p && i + p < hi)
+                        for (long l = 0; l < lines; l++)
+                            __builtin_prefetch((char *)(w + idx[i + p] * dim) + 64 * l, 0, 3);
+                    const float *row = w + idx[i] * dim;
+                    for (long k = 0; k < dim; k++) acc[k] += row[k];
+                }
+            }
+            double dt = now() - t0; spent += dt;
+            if (dt < best) best = dt;
+        }
+        printf("gather %d %.6f\n", p, bytes / best / 1e9);
+    }
+    long seq = n < rows ? n : rows;
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now();
+        #pragma omp parallel
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            float *acc = out + (long)t * dim;
+            for (long i = seq * t / nt; i < seq * (t + 1) / nt; i++)
+                for (long k = 0; k < dim; k++) acc[k] += w[i * dim + k];
+        }
+        double dt = now() - t0;
+        if (dt < best) best = dt;
+    }
+    printf("sequential %.6f\n", (double)seq * dim * sizeof(float) / best / 1e9);
+    fprintf(stderr, "sink %g\n", out[0]);
+    free(w); free(idx); free(out);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "fma")) { printf("fma %.6f\n", fma_peak(atol(argv[2])) / 1e9); return 0; }
+    if (argc >= 2 && !strcmp(argv[1], "int8")) {
+        const char *how = "";
+        double r = int8_peak(atol(argv[2]), &how);
+        printf("int8 %.6f %s\n", r / 1e9, how);
+        return 0;
+    }
+    if (argc >= 5 && !strcmp(argv[1], "gather")) { gather(atol(argv[2]), atol(argv[3]), atol(argv[4])); return 0; }
+    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N\n");
+    return 2;
+}
+"""
+
+PEAK_ITERS = 4_000_000  # per thread and repeat: ~0.1-0.3 s at a few GHz
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autotune"
+
+
+def threads() -> int:
+    """The thread count kernels run with: TVM's pool size (autotune sets TVM_NUM_THREADS to the cores)."""
+    return int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (the cache key: a measurement holds for every machine of one model)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def binary() -> Path:
+    """The microbenchmark, compiled on first use (keyed by its source and the compiler)."""
+    cc = os.environ.get("CC", "cc")
+    path = shutil.which(cc)
+    if path is None:
+        raise RooflineUnavailable(f"no C compiler ({cc!r} not found; install gcc or set CC) to measure the roofline")
+    digest = hashlib.sha256((SOURCE + path).encode()).hexdigest()[:16]
+    exe = cache_dir() / f"roofline-{digest}"
+    if exe.exists():
+        return exe
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "roofline.c"
+        src.write_text(SOURCE)
+        built = Path(tmp) / "roofline"
+        proc = subprocess.run([path, "-O3", "-march=native", "-fopenmp", str(src), "-o", str(built)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise RooflineUnavailable(f"cannot build the roofline microbenchmark with {cc}: {last}")
+        os.replace(built, exe)  # atomic: a concurrent bench sees the whole binary or none
+    return exe
+
+
+def _run(*args: str) -> list[list[str]]:
+    """The microbenchmark's output lines, split; run on `threads()` OpenMP threads."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads()), "OMP_PROC_BIND": "false"}
+    proc = subprocess.run([str(binary()), *args], capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        raise RooflineUnavailable(f"the roofline microbenchmark failed: {proc.stderr.strip()[-300:]}")
+    return [line.split() for line in proc.stdout.splitlines() if line.strip()]
+
+
+_MEASURED: dict[str, Roof] = {}
+
+
+def _cached(key: str, measure: Callable[[], Roof]) -> Roof:
+    """The roof under `key`, measured once per process: a roof is compared with kernels timed in the same run
+    (a figure measured on a busier or quieter moment, or another machine of the model, would flatter or
+    shame them), so values are never stored across runs; only the compiled program is."""
+    if key not in _MEASURED:
+        _MEASURED[key] = measure()
+    return _MEASURED[key]
+
+
+def _machine() -> str:
+    return f"{cpu_model()}|threads={threads()}"
+
+
+def fp32_peak() -> Roof:
+    """Measured fp32 FMA throughput of this CPU on threads() threads, in GFLOPS."""
+    def measure() -> Roof:
+        (line,) = _run("fma", str(PEAK_ITERS))
+        return Roof("fp32 FMA peak", float(line[1]), "GFLOPS")
+
+    return _cached(f"fma|{_machine()}", measure)
+
+
+def int8_peak() -> Roof:
+    """Measured int8 multiply-add throughput (VNNI where present, else AVX2), in GOPS."""
+    def measure() -> Roof:
+        (line,) = _run("int8", str(PEAK_ITERS))
+        return Roof(" ".join(line[2:]), float(line[1]), "GOPS")
+
+    return _cached(f"int8|{_machine()}", measure)
+
+
+def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES) -> dict[str, float]:
+    """GB/s of the random-row gather per prefetch distance ("prefetch N") and of a sequential read."""
+    out = {}
+    for line in _run("gather", str(rows), str(dim), str(n)):
+        out[f"prefetch {line[1]}" if line[0] == "gather" else line[0]] = float(line[-1])
+    return out
+
+
+def gather_bandwidth(rows: int, dim: int) -> Roof:
+    """Measured random-row gather bandwidth over a (rows, dim) fp32 table, in GB/s (best prefetch distance)."""
+    if rows < 1 or dim < 1:
+        raise ValueError(f"a gather table needs rows >= 1 and dim >= 1, got ({rows}, {dim})")
+
+    def measure() -> Roof:
+        sweep = gather_sweep(rows, dim)
+        return Roof("random-gather bandwidth", max(v for k, v in sweep.items() if k.startswith("prefetch")), "GB/s")
+
+    return _cached(f"gather|rows={rows}|dim={dim}|{_machine()}", measure)
+
+
+def for_unit(unit: str, table_shape: tuple[int, ...] = ()) -> Roof:
+    """The roof of kernels whose figure of merit is `unit`; GB/s kernels give the (rows, dim...) of the table
+    they gather from."""
+    if unit == "GB/s":
+        if len(table_shape) < 2:
+            raise ValueError(f"a GB/s roof needs the gathered table's shape, got {table_shape}")
+        dim = 1
+        for d in table_shape[1:]:
+            dim *= int(d)
+        return gather_bandwidth(int(table_shape[0]), dim)
+    if unit == "GFLOPS":
+        return fp32_peak()
+    if unit == "GOPS":
+        return int8_peak()
+    raise ValueError(f"no roofline for unit {unit!r}")

@@ -1,0 +1,62 @@
+"""The table-batched embedding bag on the CPU (llvm): (table, bag) pairs spread over cores, SIMD over the
+dimension, software prefetch of rows ahead. Its knobs and their constraints are embedding_bag's CPU ones
+(`embedding_bag.cpu`), less the dimension tiles and loop order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..embedding_bag.cpu import (ACCUMULATOR as _ACCUMULATOR, BAGS_PER_TASK, LINES_NEED_PREFETCH, PREFETCH,
+                                 PREFETCH_LINES, TASKS_NEED_PARALLEL, THREADING, UNROLL, VECTOR, check_llvm,
+                                 parallel_tasks, prefetch_lines, unroll_rows, vectorize_innermost, vectors)
+from ..space import Config, InvalidConfig, Space
+from .kernel import compute
+from .workload import Workload
+
+__all__ = ["ACCUMULATOR", "BAGS_PER_TASK", "PREFETCH", "PREFETCH_LINES", "THREADING", "UNROLL", "VECTOR", "lower",
+           "schedule", "space"]
+
+# The same knob with local first: this kernel's untuned choice has always pooled into a local buffer (its output
+# rows are strided by tables x dim, and "output" exists for mode=sum only), so defaults and records keep meaning.
+ACCUMULATOR = replace(_ACCUMULATOR, options=("local", "output"))
+
+
+def space(w: Workload, target: Any) -> Space:
+    """The CPU space: threading, SIMD width, unroll, prefetch, accumulator (sum only: in the output)."""
+    check_llvm("batched_embedding_bag", target)
+    accumulators = ACCUMULATOR.options if w.mode == "sum" else ("local",)
+    return Space(
+        [THREADING, BAGS_PER_TASK, vectors(w.dim), UNROLL, PREFETCH, prefetch_lines(w.dim),
+         ACCUMULATOR.only(accumulators)],
+        [LINES_NEED_PREFETCH, TASKS_NEED_PARALLEL],
+    )
+
+
+def schedule(sch: Any, w: Workload, cfg: Config) -> None:
+    """Parallel over fused (table, bag) pairs; SIMD over the dimension; the pooling loop unrolled."""
+    vec = cfg[VECTOR]
+    if w.dim % vec:
+        raise InvalidConfig(f"vector {vec} does not divide dim {w.dim}")
+    parallel_tasks(sch, sch.fuse(*sch.get_loops(sch.get_sblock("bag"))), cfg)
+    acc = sch.get_sblock("acc")
+    l, d = sch.get_loops(acc)[-2:]
+    dm, dv = sch.split(d, [None, vec])
+    if vec > 1:
+        sch.vectorize(dv)
+    sch.unroll(dm)
+    init = sch.decompose_reduction(acc, l)
+    vectorize_innermost(sch, init, vec)
+    unroll_rows(sch, l, cfg)
+    if cfg[ACCUMULATOR] == "local":
+        vectorize_innermost(sch, sch.get_sblock("finalize"), vec)
+
+
+def lower(w: Workload, cfg: Config, target: Any) -> Any:
+    """The scheduled IRModule of one CPU config: what `tvm.compile` builds."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(compute(w, cfg[PREFETCH], cfg[PREFETCH_LINES], direct=cfg[ACCUMULATOR] == "output"))
+    schedule(sch, w, cfg)
+    return sch.mod

@@ -1,0 +1,39 @@
+"""Embedding-bag: ragged gathers of table rows, pooled per bag (torch.nn.functional.embedding_bag).
+
+Batch, number of indices and table rows are symbolic, so one compiled kernel serves any batch; the embedding
+dimension, mode, index dtype and options are compiled in. workload.py: fields, inputs, reference, checks;
+cpu.py and cuda.py: each device's knobs, TVMScript and schedule (kernel.py: the signature they share).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..space import Config, Space
+from ..template import TorchBinding, is_gpu
+from . import cpu, cuda
+from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
+                       traffic)
+
+NAME = "embedding_bag"
+DOC = "torch.nn.functional.embedding_bag: ragged bags (offsets), sum/mean/max, per-sample weights, padding_idx"
+EXAMPLE_SHAPE = "rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05"
+TEST_SHAPE = "rows=50,dim=24,batch=13,pooling=0-7"
+WEIGHTS: tuple[int, ...] = ()  # nothing to pack: rows are gathered from the table as it is
+
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
+           "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
+
+
+def space(w: Workload, target: Any) -> Space:
+    return (cuda if is_gpu(target) else cpu).space(w, target)
+
+
+def lower(w: Workload, cfg: Config, target: Any) -> Any:
+    return (cuda if is_gpu(target) else cpu).lower(w, cfg, target)
+
+
+def torch_binding() -> TorchBinding:
+    from .torch_op import BINDING
+
+    return BINDING

@@ -1,0 +1,286 @@
+"""`torch.ops.autotune.embedding_bag` and `EmbeddingBag`: how the embedding bag appears in PyTorch.
+
+The op is F.embedding_bag with the weight first, as the kernels take it. Kernels are compiled for (dim, mode,
+index dtype, per_sample_weights, padding_idx, include_last_offset) and take any batch, bag sizes and table rows.
+Inputs are checked as PyTorch checks them (indices in range, well-formed offsets) unless `validate=False`: the
+data checks read the indices once, and on a GPU wait for it. The backward is PyTorch's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._torch_checks import need, same_device_contiguous
+from ..template import IndexOutOfRange, InvalidDtype, ModuleRule, Route, TorchBinding
+from .workload import MODES, Workload, boundaries, inputs, row_indices
+
+__all__ = ["BINDING", "EmbeddingBag", "check", "embedding_bag"]
+
+OP = "embedding_bag"
+ATEN_MODES = {"sum": 0, "mean": 1, "max": 2}  # PyTorch's internal mode numbers (aten::_embedding_bag)
+
+
+def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
+                  mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
+                  validate: bool = True) -> Tensor:
+    """F.embedding_bag(indices, weight, offsets, ...) with the weight first, as the kernels take it."""
+    return F.embedding_bag(indices, weight, offsets, mode=mode, per_sample_weights=per_sample_weights,
+                           include_last_offset=include_last_offset, padding_idx=padding_idx)
+
+
+def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
+          mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
+          validate: bool = True) -> None:
+    """What F.embedding_bag rejects (and what would make a kernel read out of bounds), as clear errors."""
+    need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
+    need(weight.dim() == 2, OP, f"weight must be 2-D (rows, dim), got shape {tuple(weight.shape)}")
+    need(weight.is_floating_point(), OP, f"weight must be a floating-point tensor, got {weight.dtype}", InvalidDtype)
+    for name, t in (("indices", indices), ("offsets", offsets)):
+        need(t.dtype in (torch.int32, torch.int64), OP, f"{name} must be int32 or int64, got {t.dtype}", InvalidDtype)
+        need(t.dim() == 1, OP, f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    same_device_contiguous(OP, weight=weight, indices=indices, offsets=offsets, per_sample_weights=per_sample_weights)
+    if per_sample_weights is not None:
+        need(mode == "sum", OP, f"per_sample_weights is only supported with mode='sum', got mode={mode!r}")
+        need(per_sample_weights.dtype == weight.dtype, OP,
+             f"per_sample_weights must be {weight.dtype} like weight, got {per_sample_weights.dtype}", InvalidDtype)
+        need(per_sample_weights.shape == indices.shape, OP,
+             f"per_sample_weights must have the shape of indices {tuple(indices.shape)}, "
+             f"got {tuple(per_sample_weights.shape)}")
+    rows = weight.shape[0]
+    if padding_idx is not None:
+        need(-rows <= padding_idx < rows, OP, f"padding_idx {padding_idx} is out of range for {rows} rows")
+    need(offsets.numel() >= int(include_last_offset), OP,
+         "offsets must hold at least one element with include_last_offset=True")
+    n = indices.numel()
+    lo, hi, first, last, ordered = _index_facts(indices, offsets)
+    if n:
+        need(lo >= 0 and hi < rows, OP, f"indices must be in [0, {rows}), got values in [{lo}, {hi}]", IndexOutOfRange)
+    if offsets.numel():
+        need(first == 0, OP, f"offsets[0] must be 0 (the first bag starts at the first index), got {first}")
+        need(ordered, OP, "offsets must be non-decreasing")
+        need(last <= n, OP, f"offsets[-1] = {last} exceeds the number of indices ({n})")
+
+
+def _index_facts(indices: Tensor, offsets: Tensor) -> tuple[int, int, int, int, bool]:
+    """(min index, max index, offsets[0], offsets[-1], offsets non-decreasing): the data checks' inputs, read in
+    one pass per tensor. On the CPU through NumPy views (a few small torch ops would cost several times more
+    per call); on a GPU with one synchronisation."""
+    n, b = indices.numel(), offsets.numel()
+    if indices.device.type != "cpu":
+        return _index_facts_device(indices, offsets)
+    i, o = indices.detach().numpy(), offsets.detach().numpy()
+    return (int(i.min()) if n else 0, int(i.max()) if n else 0, int(o[0]) if b else 0, int(o[-1]) if b else 0,
+            bool((o[1:] >= o[:-1]).all()))
+
+
+def _index_facts_device(indices: Tensor, offsets: Tensor) -> tuple[int, int, int, int, bool]:
+    n, b = indices.numel(), offsets.numel()
+    zero = indices.new_zeros(())
+    lo, hi = torch.aminmax(indices) if n else (zero, zero)
+    ends = offsets[[0, -1]].to(indices.dtype) if b else zero.expand(2)
+    ordered = (offsets[1:] >= offsets[:-1]).all().to(indices.dtype)
+    lo, hi, first, last, ok = torch.stack([lo, hi, ends[0], ends[1], ordered]).tolist()
+    return lo, hi, first, last, bool(ok)
+
+
+def fake(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
+         mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
+         validate: bool = True) -> Tensor:
+    return weight.new_empty(offsets.shape[0] - int(include_last_offset), weight.shape[1])
+
+
+def _index_dtype(indices: Tensor, offsets: Tensor) -> str:
+    if indices.dtype != offsets.dtype:
+        return f"{indices.dtype}/{offsets.dtype}"
+    return "int64" if indices.dtype == torch.int64 else "int32" if indices.dtype == torch.int32 else str(indices.dtype)
+
+
+def route(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
+          mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
+          validate: bool = True) -> Route | str:
+    pad = padding_idx + weight.shape[0] if padding_idx is not None and padding_idx < 0 else padding_idx
+    bags = offsets.numel() - int(include_last_offset)
+    signature = (weight.shape[1], mode, _index_dtype(indices, offsets), per_sample_weights is not None, pad,
+                 include_last_offset)
+    if bags < 1 or indices.numel() == 0:  # nothing to gather: not worth a kernel
+        return Route(signature, 0)
+    if weight.dtype != torch.float32:
+        return f"kernels take float32 tables, got {weight.dtype}"
+    if weight.device.type == "cuda" and weight.data_ptr() % 16:
+        return "the GPU kernels need a 16-byte aligned table (vector loads)"
+    return Route(signature, bags)
+
+
+def run(chunks: Sequence[Any], weight: Tensor, indices: Tensor, offsets: Tensor,
+        per_sample_weights: Optional[Tensor] = None, mode: str = "sum", include_last_offset: bool = False,
+        padding_idx: Optional[int] = None, validate: bool = True) -> Tensor:
+    if per_sample_weights is None:
+        return chunks[0].kernel(weight, indices, offsets)
+    return chunks[0].kernel(weight, indices, offsets, per_sample_weights)
+
+
+def compiled(w: Workload) -> tuple[Any, ...]:
+    return (w.dim, w.mode, w.index_dtype, w.per_sample_weights, w.padding_idx, w.include_last_offset)
+
+
+def describe(signature: tuple[Any, ...]) -> str:
+    dim, mode, index, weighted, pad, last = signature
+    return (f"dim={dim} mode={mode} index={index} per_sample_weights={weighted} padding_idx={pad} "
+            f"include_last_offset={last}")
+
+
+# ---- the calls a kernel must serve (autotune check) ---------------------------------------------------------
+Case = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+def _call(w: Workload, name: str, tensors: Sequence[Tensor]) -> Case:
+    weight, indices, offsets, *psw = tensors
+    return name, (weight, indices, offsets), {"per_sample_weights": psw[0] if psw else None, "mode": w.mode,
+                                              "include_last_offset": w.include_last_offset,
+                                              "padding_idx": w.padding_idx}
+
+
+def _bags(w: Workload, sizes: Sequence[int], seed: int, rows: int | None = None) -> list[Tensor]:
+    """The reference-order tensors of bags of the given sizes (w's table, or one of `rows` rows)."""
+    rows = w.rows if rows is None else rows
+    rng = np.random.default_rng(seed)
+    offsets = boundaries(np.asarray(sizes, dtype=np.int64))
+    indices = row_indices(rows, int(offsets[-1]), w.distribution, w.zipf_exponent, rng)
+    if w.padding_idx is not None and len(indices):
+        indices[rng.random(len(indices)) < 0.1] = w.padding_idx
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, w.index_dtype)
+    out = [torch.randn(rows, w.dim, generator=gen), torch.from_numpy(indices).to(dtype),
+           torch.from_numpy(offsets if w.include_last_offset else offsets[:-1]).to(dtype)]
+    if w.per_sample_weights:
+        out.append(torch.rand(len(indices), generator=gen))
+    return out
+
+
+def cases(w: Workload, seed: int, count: int) -> Iterable[Case]:
+    """The tuned batch, batches 1 and one past it and above twice it, empty bags (first, last, every third),
+    the largest and smallest index, one bag far longer than the tuned pooling, another table size, and `count`
+    random batches."""
+    rng = random.Random(seed)
+    hi = max(1, w.pooling[1])
+    out = [_call(w, f"tuned batch {w.batch}", inputs(w, seed))]
+    for i, batch in enumerate(dict.fromkeys([1, w.batch + 1, 2 * w.batch + 3])):
+        out.append(_call(w, f"batch {batch}", _bags(w, [rng.randint(1, hi) for _ in range(batch)], seed + 1 + i)))
+    bags = max(w.batch, 4)
+    sizes = [0 if b % 3 == 0 or b == bags - 1 else rng.randint(1, hi) for b in range(bags)]
+    out.append(_call(w, "empty bags (first, last, every third)", _bags(w, sizes, seed + 5)))
+    edge = _bags(w, [rng.randint(1, hi) for _ in range(w.batch)], seed + 6)
+    edge[1][-1], edge[1][0] = 0, w.rows - 1
+    out.append(_call(w, f"largest index {w.rows - 1} and index 0", edge))
+    out.append(_call(w, f"one bag of {4 * hi + 1} indices", _bags(w, [4 * hi + 1] + [1] * (w.batch - 1), seed + 7)))
+    out.append(_call(w, f"a table of {w.rows + 7} rows", _bags(w, [rng.randint(1, hi) for _ in range(w.batch)],
+                                                             seed + 8, rows=w.rows + 7)))
+    for i in range(count):
+        batch = rng.randint(1, 2 * w.batch + 8)
+        sizes = [rng.randint(w.pooling[0], w.pooling[1]) for _ in range(batch)]
+        sizes[rng.randrange(batch)] = hi  # at least one index: an all-empty call is PyTorch's by design
+        out.append(_call(w, f"random batch {batch} (seed {seed + 10 + i})", _bags(w, sizes, seed + 10 + i)))
+    return out
+
+
+# ---- autograd: PyTorch's own backward -------------------------------------------------------------------------
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    # (`inputs` shadows nothing it needs: it is the keyword torch passes the op's arguments by)
+    weight, indices, offsets, psw, mode, include_last_offset, padding_idx, _ = inputs
+    ctx.save_for_backward(weight, indices, offsets, psw)
+    ctx.options = (mode, include_last_offset, padding_idx)
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    """PyTorch's own backward (aten::_embedding_bag_backward), after recomputing the bag bookkeeping it needs
+    (bag of each index, bag sizes, argmax for mode=max) with aten::_embedding_bag: a training step pays one
+    PyTorch forward more."""
+    weight, indices, offsets, psw = ctx.saved_tensors
+    mode, include_last_offset, padding_idx = ctx.options
+    pad = -1 if padding_idx is None else padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx
+    m = ATEN_MODES[mode]
+    _, offset2bag, bag_size, max_indices = torch.ops.aten._embedding_bag(
+        weight.detach(), indices, offsets, False, m, False, psw, include_last_offset, pad)
+    grad_weight = grad_psw = None
+    if ctx.needs_input_grad[0]:
+        grad_weight = torch.ops.aten._embedding_bag_backward(
+            grad, indices, offsets, offset2bag, bag_size, max_indices, weight.shape[0], False, m, False, psw, pad)
+    if psw is not None and ctx.needs_input_grad[3]:
+        grad_psw = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+            grad, weight, indices, offsets, offset2bag, m, pad)
+    return grad_weight, None, None, grad_psw, None, None, None, None
+
+
+# ---- the drop-in module and its optimize rule -----------------------------------------------------------------
+class EmbeddingBag(nn.EmbeddingBag):
+    """`nn.EmbeddingBag` (same constructor, `from_pretrained`, weight Parameter, state dict) on tuned kernels.
+
+    The forward runs `torch.ops.autotune.embedding_bag`; its backward is PyTorch's, so the module trains.
+    What the kernels do not cover runs `nn.EmbeddingBag.forward` itself: `max_norm` (it renormalises rows in
+    place), and sparse or frequency-scaled gradients while gradients are being taken. Inputs are made contiguous
+    (a copy only when they are not); `validate=False` skips the checks of indices and offsets.
+    """
+
+    def __init__(self, *args: Any, validate: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.validate = validate
+
+    @classmethod
+    def from_module(cls, module: nn.EmbeddingBag, validate: bool = True) -> "EmbeddingBag":
+        """A tuned twin of `module` that shares its weight Parameter (optimizers holding it keep working)."""
+        new = cls(module.num_embeddings, module.embedding_dim, max_norm=module.max_norm, norm_type=module.norm_type,
+                  scale_grad_by_freq=module.scale_grad_by_freq, mode=module.mode, sparse=module.sparse,
+                  _weight=module.weight.detach(), include_last_offset=module.include_last_offset,
+                  padding_idx=module.padding_idx, validate=validate)
+        new.weight = module.weight
+        new.train(module.training)
+        return new
+
+    def _pytorch_path(self) -> bool:
+        grads = torch.is_grad_enabled() and self.weight.requires_grad
+        return self.max_norm is not None or (grads and (self.sparse or self.scale_grad_by_freq))
+
+    def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                per_sample_weights: Optional[Tensor] = None) -> Tensor:
+        if self._pytorch_path() or (input.dim() == 2) == (offsets is not None) or input.dim() not in (1, 2):
+            return super().forward(input, offsets, per_sample_weights)  # PyTorch's result, or its error
+        if input.dim() == 2:  # (bags, n): fixed-size bags, as nn.EmbeddingBag takes them
+            offsets = torch.arange(0, input.numel(), input.shape[1], dtype=input.dtype, device=input.device)
+            input = input.reshape(-1)
+            if per_sample_weights is not None:
+                per_sample_weights = per_sample_weights.reshape(-1)
+        assert offsets is not None
+        return torch.ops.autotune.embedding_bag(
+            self.weight, input.contiguous(), offsets.contiguous(),
+            None if per_sample_weights is None else per_sample_weights.contiguous(), self.mode,
+            self.include_last_offset, self.padding_idx, self.validate)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", autotune"
+
+
+def _swap_embedding_bag(module: nn.Module, next_module: Any, has_kernel: Any, validate: bool) -> Any:
+    """nn.EmbeddingBag -> EmbeddingBag (sharing its weight), where a kernel has its compiled-in options."""
+    if not isinstance(module, nn.EmbeddingBag) or isinstance(module, EmbeddingBag):
+        return None
+    if module.max_norm is not None:
+        return "max_norm renormalises rows in place: PyTorch's path"
+    if not has_kernel(lambda w: w.dim == module.embedding_dim and w.mode == module.mode
+                      and w.include_last_offset == module.include_last_offset and w.padding_idx == module.padding_idx):
+        return (f"no embedding_bag kernel for dim={module.embedding_dim} mode={module.mode} "
+                f"padding_idx={module.padding_idx} include_last_offset={module.include_last_offset}")
+    return EmbeddingBag.from_module(module, validate=validate), False
+
+
+BINDING = TorchBinding(
+    op=embedding_bag, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.batch,
+    any_size=True, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
+    rules=(ModuleRule("nn.EmbeddingBag -> EmbeddingBag", _swap_embedding_bag),),
+    exports=(("EmbeddingBag", EmbeddingBag),))

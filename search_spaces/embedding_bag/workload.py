@@ -1,0 +1,273 @@
+"""The embedding-bag workload: its fields and shape text, realistic inputs, PyTorch's semantics, and the
+checks that keep a kernel inside its tensors.
+
+The pieces every embedding-bag operator has (pooling and index-distribution fields, Zipf-skewed rows, ragged
+bag sizes, the tensor checks) are written here once; `batched_embedding_bag` builds on them. No TVM here:
+a package of exported kernels runs without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+
+MODES = ("sum", "mean", "max")
+INDEX_DTYPES = ("int64", "int32")
+DISTRIBUTIONS = ("uniform", "zipf")
+
+
+# ---- fields shared by the embedding-bag workloads -------------------------------------------------------
+def parse_pooling(raw: str) -> tuple[int, int]:
+    """`20-80` -> (20, 80); `20` -> (20, 20): indices per bag."""
+    lo, sep, hi = raw.partition("-")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
+    except ValueError:
+        raise WorkloadError(f"pooling={raw!r}: expected N or MIN-MAX indices per bag") from None
+
+
+def normalise_bag_fields(w: Any, positive: Iterable[str]) -> None:
+    """Validate (WorkloadError) and normalise, in place, the fields of a frozen embedding-bag workload:
+    `positive` sizes >= 1, `pooling` (an int -> (n, n)), `mode`, `index_dtype` and `distribution`
+    (`zipf:1.05` -> "zipf" with that exponent)."""
+    if w.distribution.startswith("zipf:"):
+        try:
+            exponent = float(w.distribution.split(":", 1)[1])
+        except ValueError:
+            raise WorkloadError(f"dist={w.distribution!r}: expected zipf:EXPONENT") from None
+        object.__setattr__(w, "distribution", "zipf")
+        object.__setattr__(w, "zipf_exponent", exponent)
+    if w.distribution not in DISTRIBUTIONS:
+        raise WorkloadError(f"distribution must be uniform or zipf[:EXPONENT], got {w.distribution!r}")
+    if w.distribution == "zipf" and w.zipf_exponent <= 0:
+        raise WorkloadError(f"zipf exponent must be > 0, got {w.zipf_exponent}")
+    pooling = (w.pooling, w.pooling) if isinstance(w.pooling, int) else tuple(w.pooling)
+    object.__setattr__(w, "pooling", pooling)
+    for name in positive:
+        if getattr(w, name) < 1:
+            raise WorkloadError(f"{name} must be >= 1, got {getattr(w, name)}")
+    lo, hi = pooling
+    if not 0 <= lo <= hi:
+        raise WorkloadError(f"pooling must be 0 <= min <= max, got {lo}-{hi}")
+    if w.mode not in MODES:
+        raise WorkloadError(f"mode must be one of {MODES}, got {w.mode!r}")
+    if w.index_dtype not in INDEX_DTYPES:
+        raise WorkloadError(f"index dtype must be one of {INDEX_DTYPES}, got {w.index_dtype!r}")
+
+
+@dataclass(frozen=True)
+class Workload(_Workload):
+    """One embedding-bag call: table shape, batch, bag sizes, index distribution and options.
+
+    `pooling` is the (min, max) number of indices per bag; bag sizes are drawn uniformly in that range.
+    `distribution` is "uniform" or "zipf" (row popularity ~ 1/rank**zipf_exponent, hot rows scattered),
+    because real recommendation traffic is skewed and cache behaviour depends on it.
+    """
+
+    rows: int
+    dim: int
+    batch: int
+    pooling: tuple[int, int]
+    mode: str = "sum"
+    index_dtype: str = "int64"
+    per_sample_weights: bool = False
+    padding_idx: int | None = None
+    include_last_offset: bool = False
+    distribution: str = "uniform"
+    zipf_exponent: float = 1.05
+
+    SHAPE_ALIASES = {"index": "index_dtype", "weighted": "per_sample_weights", "dist": "distribution"}
+
+    @classmethod
+    def parse_pooling(cls, raw: str) -> tuple[int, int]:
+        return parse_pooling(raw)
+
+    def __post_init__(self) -> None:
+        normalise_bag_fields(self, ("rows", "dim", "batch"))
+        if self.per_sample_weights and self.mode != "sum":
+            raise WorkloadError("per_sample_weights is only supported with mode=sum (as in PyTorch)")
+        if self.padding_idx is not None:
+            pad = self.padding_idx + self.rows if self.padding_idx < 0 else self.padding_idx
+            if not 0 <= pad < self.rows:
+                raise WorkloadError(f"padding_idx {self.padding_idx} is out of range for {self.rows} rows")
+            object.__setattr__(self, "padding_idx", pad)
+        if self.index_dtype == "int32" and self.rows * self.dim >= 2**31:
+            raise WorkloadError("int32 indices address at most 2**31 table elements")
+
+
+# ---- realistic data -----------------------------------------------------------------------------------
+def row_indices(rows: int, n: int, distribution: str, zipf_exponent: float, rng: np.random.Generator) -> np.ndarray:
+    """n row indices, uniform or Zipf over ranks 1..rows (inverse CDF), hot ranks scattered by a permutation."""
+    if distribution == "uniform":
+        return rng.integers(0, rows, size=n)
+    cdf = np.cumsum(np.arange(1, rows + 1, dtype=np.float64) ** -zipf_exponent)
+    cdf /= cdf[-1]
+    hot = np.searchsorted(cdf, rng.random(n), side="right")
+    return rng.permutation(rows)[np.minimum(hot, rows - 1)]
+
+
+def bag_offsets(pooling: tuple[int, int], bags: int | tuple[int, ...], rng: np.random.Generator
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, offsets): ragged bag sizes drawn uniformly in `pooling` (an array of shape `bags`), and the
+    len(sizes) + 1 bag boundaries of their concatenation (row-major), the end of the last bag included."""
+    lo, hi = pooling
+    sizes = rng.integers(lo, hi + 1, size=bags)
+    return sizes, boundaries(sizes.reshape(-1))
+
+
+def boundaries(counts: Any) -> np.ndarray:
+    """[0, c0, c0 + c1, ...]: the int64 start of each of `counts`' runs, and the end of the last."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
+    """(weight, indices, offsets[, per_sample_weights]) as torch CPU tensors, in the reference's order."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    _, offsets = bag_offsets(w.pooling, w.batch, rng)
+    nnz = int(offsets[-1])
+    if not w.include_last_offset:
+        offsets = offsets[:-1]
+    indices = row_indices(w.rows, nnz, w.distribution, w.zipf_exponent, rng)
+    if w.padding_idx is not None and nnz:
+        indices[rng.random(nnz) < 0.1] = w.padding_idx  # some padding to exercise the exclusion
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(w.rows, w.dim, generator=gen)
+    tdt = getattr(torch, w.index_dtype)
+    out = [weight, torch.from_numpy(indices).to(tdt), torch.from_numpy(offsets).to(tdt)]
+    if w.per_sample_weights:
+        out.append(torch.rand(nnz, generator=gen))
+    return tuple(out)
+
+
+# ---- semantics ----------------------------------------------------------------------------------------
+def reference(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> Any:
+    import torch
+
+    return torch.nn.functional.embedding_bag(
+        indices, weight, offsets, mode=w.mode, per_sample_weights=per_sample_weights,
+        include_last_offset=w.include_last_offset, padding_idx=w.padding_idx)
+
+
+def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None
+              ) -> dict[str, Callable[[], Any]]:
+    """PyTorch's way: F.embedding_bag itself (one call, one launch, its own fused kernel)."""
+    return {"torch": lambda: reference(w, weight, indices, offsets, per_sample_weights)}
+
+
+def gathered(nnz: int, dim: int) -> Traffic:
+    """Gathered bytes: every pooled index reads one fp32 table row (the figure FBGEMM and papers report)."""
+    return Traffic(bytes=float(nnz * dim * 4), ops=float(nnz * dim), unit="GB/s")
+
+
+def traffic(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> Traffic:
+    return gathered(int(offsets[-1]) if w.include_last_offset else indices.numel(), w.dim)
+
+
+def tolerance(w: Any) -> tuple[float, float]:
+    """fp32 sums of up to max-pooling rows: the absolute error grows with the bag."""
+    return (1e-4, 1e-4 * max(1, w.pooling[1]))
+
+
+# ---- input checks shared by the embedding-bag operators -------------------------------------------------
+Need = Callable[..., None]  # need(cond, msg, exc=InvalidInput): raise exc("<op>: msg") unless cond
+
+
+def needs(op: str) -> Need:
+    """The checker of one operator: its messages start with its name."""
+    def need(cond: bool, msg: str, exc: type[Exception] = InvalidInput) -> None:
+        if not cond:
+            raise exc(f"{op}: {msg}")
+    return need
+
+
+def check_tensors(need: Need, tensors: Mapping[str, Any]) -> None:
+    """Each a contiguous torch.Tensor, all on one device (any: the kernel's, CPU or GPU)."""
+    import torch
+
+    for name, t in tensors.items():
+        need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}", InvalidDtype)
+        need(t.is_contiguous(), f"{name} must be contiguous")
+    need(len({t.device for t in tensors.values()}) == 1, "all tensors must be on one device, got "
+         + ", ".join(f"{name} on {t.device}" for name, t in tensors.items()))
+
+
+def check_table(need: Need, weight: Any, dim: int, rows: str) -> None:
+    """A float32 (rows, dim) table; 16-byte aligned on a GPU, whose kernels read rows with vector loads (a
+    misaligned view would fault, and kill the context)."""
+    import torch
+
+    need(weight.dtype == torch.float32, f"weight must be float32, got {weight.dtype}", InvalidDtype)
+    need(weight.dim() == 2 and weight.shape[1] == dim, f"weight must be ({rows}, {dim}), got {tuple(weight.shape)}")
+    need(weight.device.type != "cuda" or weight.data_ptr() % 16 == 0,
+         "weight must start 16-byte aligned on the GPU (vector loads); pass a fresh tensor or a .clone()")
+
+
+def check_index_tensors(need: Need, index_dtype: str, indices: Any, offsets: Any) -> None:
+    """1-D indices and offsets of the compiled-in index dtype."""
+    import torch
+
+    idt = getattr(torch, index_dtype)
+    need(indices.dtype == idt and offsets.dtype == idt,
+         f"indices and offsets must be {index_dtype}, got {indices.dtype} and {offsets.dtype}", InvalidDtype)
+    need(indices.dim() == 1 and offsets.dim() == 1, "indices and offsets must be 1-D")
+
+
+def check_monotone(need: Need, name: str, t: Any, limit: int, what: str) -> None:
+    """Boundaries from 0, non-decreasing, ending within `limit` (e.g. offsets into the indices)."""
+    need(int(t[0]) == 0, f"{name}[0] must be 0, got {int(t[0])}")
+    need(bool((t[1:] >= t[:-1]).all()), f"{name} must be non-decreasing")
+    need(int(t[-1]) <= limit, f"{name}[-1] = {int(t[-1])} exceeds the {limit} {what}")
+
+
+def first_out_of_range(indices: Any, rows: Any) -> int | None:
+    """The position of the first index outside [0, rows) (`rows`: a count, or one per index), or None."""
+    bad = (indices < 0) | (indices >= rows)
+    return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
+
+
+_need = needs("embedding_bag")
+
+
+def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> None:
+    """Raise a clear error for tensors that would make the kernel read out of bounds or compute garbage: first
+    what this workload's kernel needs (dtypes, dimension, options compiled in), then F.embedding_bag's own
+    semantics (the torch op's check: indices in range, well-formed offsets, per-sample weights' shape)."""
+    from .torch_op import check  # imports torch: not at module level
+
+    tensors = {"weight": weight, "indices": indices, "offsets": offsets}
+    if per_sample_weights is not None:
+        tensors["per_sample_weights"] = per_sample_weights
+    check_tensors(_need, tensors)
+    check_table(_need, weight, w.dim, "rows")
+    check_index_tensors(_need, w.index_dtype, indices, offsets)
+    _need(offsets.numel() >= 1 + int(w.include_last_offset), "offsets is too short for one bag")
+    if w.per_sample_weights:
+        _need(per_sample_weights is not None, "this kernel was tuned with per_sample_weights; pass them")
+    else:
+        _need(per_sample_weights is None, "this kernel was tuned without per_sample_weights")
+    check(weight, indices, offsets, per_sample_weights, w.mode, w.include_last_offset, w.padding_idx)
+
+
+def pack(w: Any, cfg: Any, *weights: Any) -> tuple[Any, ...]:
+    """Nothing to pack (WEIGHTS is empty): the kernels gather rows from the tables as they are."""
+    return weights
+
+
+def kernel_args(w: Workload, cfg: Any, packed: Sequence[Any], weight: Any, indices: Any, offsets: Any,
+                per_sample_weights: Any = None) -> tuple[Sequence[Any], Any]:
+    """The table is read in place (no packed weights): arguments are the inputs plus a new output, allocated on
+    the inputs' device."""
+    import torch
+
+    bags = offsets.numel() - (1 if w.include_last_offset else 0)
+    out = torch.empty(bags, w.dim, dtype=torch.float32, device=weight.device)
+    args = [weight, indices, offsets] + ([per_sample_weights] if w.per_sample_weights else []) + [out]
+    return args, out

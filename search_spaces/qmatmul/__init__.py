@@ -1,0 +1,55 @@
+"""Quantized matmul as DLRM's MLPs use it: `Y = epilogue(A @ W.T)` with W stored (N, K) like nn.Linear.
+
+int8 x int8 -> exact int32 accumulation with a fused dequant/bias/ReLU epilogue, or fp32 x int8 weight-only
+(workload.py has the semantics). The weight is packed once into the layout the config's kernel reads: CPU
+register tiles in cpu.py, CUDA thread-block tiles (tensor cores, dp4a or plain) in cuda.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..space import Config, InvalidConfig, Space
+from ..template import TorchBinding, is_gpu
+from . import cpu, cuda
+from .workload import Workload, baselines, check_inputs, inputs, padded_args, reference, tolerance, traffic
+
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
+           "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
+
+NAME = "qmatmul"
+DOC = "int8 x int8 -> int32 matmul with a fused dequant/bias/ReLU epilogue; or int8 weight-only"
+EXAMPLE_SHAPE = "m=2048,k=1024,n=1024"
+TEST_SHAPE = "m=10,k=40,n=24,relu=1"  # M, K and N not whole tiles: padding is exercised
+WEIGHTS = (1,)  # the weight (reference argument 1) is packed once, outside the timed call
+
+
+def _device_of(cfg: Config) -> Any:
+    """The device module whose space `cfg` is a point of (pack and kernel_args get no target)."""
+    return cuda if cuda.is_config(cfg) else cpu
+
+
+def space(w: Workload, target: Any) -> Space:
+    return (cuda if is_gpu(target) else cpu).space(w, target)
+
+
+def lower(w: Workload, cfg: Config, target: Any) -> Any:
+    device = cuda if is_gpu(target) else cpu
+    if _device_of(cfg) is not device:
+        raise InvalidConfig(f"qmatmul: config {cfg.key()} is not one of the {target.kind.name} space")
+    return device.lower(w, cfg, target)
+
+
+def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
+    return _device_of(cfg).pack(w, cfg, weight)
+
+
+def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
+    """Kernel arguments from reference-order tensors with the weight already packed by `pack`."""
+    return padded_args(w, _device_of(cfg).padded(w, cfg), packed, *tensors)
+
+
+def torch_binding() -> TorchBinding:
+    from .torch_op import BINDING
+
+    return BINDING

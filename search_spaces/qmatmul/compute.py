@@ -1,0 +1,58 @@
+"""The TE definition of quantized matmul both devices schedule: the reduction `C` and the fused epilogue `Y`
+over a packed weight whose layout the device's config chooses."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .workload import Workload
+
+# (kp, np_) -> the packed weight's placeholder and W[n, k] expressed on it
+PackedWeight = Callable[[int, int], tuple[Any, Callable[[Any, Any], Any]]]
+
+
+def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, vnni: bool = False) -> Any:
+    """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y).
+
+    `vnni`: the activations enter the reduction as unsigned A + 128 (`Au`), and the per-channel compensation
+    `comp` = 128 * sum_k W[n, k] (computed at packing time) is subtracted before the epilogue."""
+    import tvm
+    from tvm import te
+
+    mp, kp, np_ = dims
+    int8 = w.mode == "int8"
+    A = te.placeholder((mp, kp), "int8" if int8 else "float32", name="A")
+    Wp, weight = packed_weight(kp, np_)
+    w_scale = te.placeholder((np_,), "float32", name="w_scale")
+    args = [A, Wp]
+    k = te.reduce_axis((0, kp), name="k")
+    if int8:
+        if vnni:
+            comp = te.placeholder((np_,), "int32", name="comp")
+            args.append(comp)
+            Au = te.compute((mp, kp), lambda i, j: (A[i, j].astype("int32") + 128).astype("uint8"), name="Au")
+            src = Au
+        else:
+            src = A
+        acc = te.compute((mp, np_), lambda i, j: te.sum(
+            src[i, k].astype("int32") * weight(j, k).astype("int32"), axis=k), name="C")
+        a_scale = te.placeholder((mp,), "float32", name="a_scale")
+        args += [a_scale, w_scale]
+
+        def value(i: Any, j: Any) -> Any:
+            c = acc[i, j] - comp[j] if vnni else acc[i, j]
+            return c.astype("float32") * a_scale[i] * w_scale[j]
+    else:
+        acc = te.compute((mp, np_), lambda i, j: te.sum(
+            A[i, k] * weight(j, k).astype("float32"), axis=k), name="C")
+        args.append(w_scale)
+
+        def value(i: Any, j: Any) -> Any:
+            return acc[i, j] * w_scale[j]
+    if w.bias:
+        bias = te.placeholder((np_,), "float32", name="bias")
+        args.append(bias)
+    epilogue: Callable[[Any, Any], Any] = (lambda i, j: value(i, j) + bias[j]) if w.bias else value
+    final = (lambda i, j: te.max(epilogue(i, j), tvm.tirx.const(0, "float32"))) if w.relu else epilogue
+    Y = te.compute((mp, np_), final, name="Y")
+    return tvm.IRModule({"main": te.create_prim_func(args + [Y])})

@@ -1,0 +1,169 @@
+"""Quantized matmul on CPUs (llvm): a register-tiled loop nest over a weight packed once into tiles.
+
+The weight is packed once into a tiled layout chosen by the config (`pack`), so the inner loop reads the
+weight contiguously and, with an int8 intrinsic, in exactly the shape the instruction consumes. The VNNI path
+multiplies unsigned activations (A + 128) by signed weights; the exact result is restored by subtracting
+128 * sum_k W[n, k], a per-channel term computed at packing time, as FBGEMM does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import intrinsics
+from ..space import Choice, Config, Constraint, InvalidConfig, Space
+from . import compute as _compute
+from .workload import Workload, padded_weight, round_up
+
+# ---- knobs ----------------------------------------------------------------------------------------------
+INTRINSIC = Choice("intrinsic", ("none", "avx2", "vnni"), doc=(
+    "The int8 inner product: LLVM's own vectorisation (widens to int32 and multiplies: slow), AVX2 "
+    "sign-extension + pmaddwd (exact, 8 lanes x 2), or AVX-512 VNNI vpdpbusd (16 lanes x 4). Only the "
+    "ones the target CPU has are offered."))
+LAYOUT = Choice("layout", ("n16k4", "n8k2", "n16k1", "n8k1"), doc=(
+    "Packed weight layout (N/nb, K/kb, nb, kb): nb output channels side by side for vector lanes, kb "
+    "consecutive k per lane for multi-k dot instructions. Fixed by the intrinsic when one is used."))
+M_TILE = Choice("m_tile", (4, 1, 2, 6, 8), doc=(
+    "Rows of the register tile: each loaded weight vector is reused for this many rows."))
+N_VECTORS = Choice("n_vectors", (2, 1, 4), doc=(
+    "Weight vectors (of nb channels) per register tile: accumulators = m_tile x n_vectors registers."))
+K_BLOCK = Choice("k_block", (0, 64, 128, 256, 512), doc=(
+    "Cache blocking of the reduction (0 = none): a K block of weights stays in L1/L2 across the rows."))
+M_BLOCK = Choice("m_block", (64, 16, 32, 128, 256), doc=(
+    "Rows per parallel task (rounded down to whole register tiles): the task's activation rows stay in "
+    "cache while it sweeps the weight columns."))
+N_BLOCK = Choice("n_block", (64, 32, 128, 256), doc=(
+    "Columns per parallel task (rounded down to whole register tiles): the task's packed weights stay in "
+    "L2 while it sweeps its rows."))
+UNROLL = Choice("unroll", (True, False), doc="Unroll the register tile so accumulators stay in registers.")
+THREADING = Choice("threading", ("parallel", "serial"), doc="Spread (m_block x n_block) tasks over cores.")
+
+_LAYOUT_SHAPE = {"n16k4": (16, 4), "n8k2": (8, 2), "n16k1": (16, 1), "n8k1": (8, 1)}
+_INTRIN_LAYOUT = {"vnni": "n16k4", "avx2": "n8k2"}
+
+
+def space(w: Workload, target: Any) -> Space:
+    """The knob space on this CPU (an llvm target): only the int8 intrinsics the CPU has are offered."""
+    if target.kind.name != "llvm":
+        raise InvalidConfig(f"qmatmul has no CPU schedule for target kind {target.kind.name!r}")
+    intrins = ["none"]
+    if w.mode == "int8":
+        if intrinsics.cpu_has(target, "avx2"):
+            intrins.append("avx2")
+        if intrinsics.cpu_has(target, "avx512vnni", "avx512bw"):
+            intrins.append("vnni")
+
+    def layout_ok(c: Config) -> bool:
+        if c[INTRINSIC] in _INTRIN_LAYOUT:
+            return c[LAYOUT] == _INTRIN_LAYOUT[c[INTRINSIC]]
+        return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
+
+    layouts = LAYOUT.options if w.mode == "int8" else ("n16k1", "n8k1")
+    return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, M_BLOCK,
+                  N_BLOCK, UNROLL, THREADING],
+                 [Constraint("the intrinsic fixes the layout", layout_ok),
+                  Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
+                  Constraint("weight-only has no int8 intrinsic", lambda c: w.mode == "int8" or c[INTRINSIC] == "none")])
+
+
+def padded(w: Workload, cfg: Config) -> tuple[int, int, int]:
+    """(M, K, N) rounded up to whole register tiles (m_tile rows, n_vectors x nb columns) and kb groups.
+
+    Whole tiles keep predicates out of the tensorized blocks (TVM cannot tensorize a guarded block); the
+    padding holds zeros and its results are dropped."""
+    nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
+    return round_up(w.m, cfg[M_TILE]), round_up(w.k, kb), round_up(w.n, nb * cfg[N_VECTORS])
+
+
+def _block(extent: int, want: int, tile: int) -> int:
+    """The largest multiple of `tile` that divides `extent` (itself a multiple of tile) and is <= want."""
+    size = max(tile, min(want, extent) // tile * tile)
+    while extent % size:
+        size -= tile
+    return size
+
+
+def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
+    """The weight (N, K) int8 as (N/nb, K/kb, nb, kb), zero-padded, on the weight's device; for VNNI also the
+    compensation 128 * sum_k W[n, k] (int32, per channel)."""
+    import torch
+
+    wp = padded_weight(w, padded(w, cfg), weight)
+    nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
+    np_, kp = wp.shape
+    packed = wp.view(np_ // nb, nb, kp // kb, kb).permute(0, 2, 1, 3).contiguous()
+    if cfg[INTRINSIC] == "vnni":
+        return packed, (wp.to(torch.int32).sum(1) * 128).to(torch.int32)
+    return (packed,)
+
+
+# ---- the computation and its schedule -----------------------------------------------------------------------
+def compute(w: Workload, cfg: Config) -> Any:
+    """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles."""
+    return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_),
+                           vnni=cfg[INTRINSIC] == "vnni")
+
+
+def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
+    """The packed weight's placeholder and W[n, k] expressed on it (see `pack`)."""
+    from tvm import te
+
+    nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
+    Wp = te.placeholder((np_ // nb, kp // kb, nb, kb), "int8", name="Wp")
+    return Wp, lambda j, k: Wp[j // nb, k // kb, j % nb, k % kb]
+
+
+def schedule(sch: Any, w: Workload, cfg: Config) -> None:
+    """Apply `cfg` to the schedule of `compute(w, cfg)`: parallel (m_block x n_block) tasks of register tiles."""
+    nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
+    mp, kp, np_ = padded(w, cfg)
+    mt, nv = cfg[M_TILE], cfg[N_VECTORS]
+    y, c = sch.get_sblock("Y"), sch.get_sblock("C")
+    i, j = sch.get_loops(y)
+    mb, nblk = _block(mp, cfg[M_BLOCK], mt), _block(np_, cfg[N_BLOCK], nb * nv)
+    io, ii = sch.split(i, [None, mb])
+    jo, ji = sch.split(j, [None, nblk])
+    sch.reorder(io, jo, ii, ji)
+    outer = sch.fuse(io, jo)
+    if cfg[THREADING] == "parallel":
+        sch.parallel(outer)
+    iio, iii = sch.split(ii, [None, mt])
+    jio, jii = sch.split(ji, [None, nb * nv])
+    sch.reorder(iio, jio, iii, jii)
+    sch.compute_at(c, jio, preserve_unit_loops=True)
+    if cfg[INTRINSIC] == "vnni":  # A + 128 as u8 once for all column blocks, in its own parallel loop
+        au_i, au_j = sch.get_loops(sch.get_sblock("Au"))
+        sch.parallel(au_i)
+        sch.vectorize(sch.split(au_j, [None, 64])[1] if kp % 64 == 0 else au_j)
+    ci, cj, ck = sch.get_loops(c)[-3:]
+    cjo, cji = sch.split(cj, [nv, nb])
+    cko, cki = sch.split(ck, [None, kb])
+    kblk = cfg[K_BLOCK]
+    if kblk and kp % kblk == 0 and kblk < kp:
+        ckoo, ckoi = sch.split(cko, [None, kblk // kb])
+        sch.reorder(ckoo, ckoi, ci, cjo, cji, cki)
+        first_k = ckoo
+    else:
+        sch.reorder(cko, ci, cjo, cji, cki)
+        first_k = cko
+    if cfg[UNROLL]:
+        sch.unroll(ci)
+        sch.unroll(cjo)
+    intrin = cfg[INTRINSIC]
+    if intrin == "none":  # vectorise before decomposing: the update block alone is not a reduction
+        sch.reorder(cki, cji)  # lanes innermost: one vector multiply-add chain per k
+        sch.unroll(cki)
+        sch.vectorize(cji)
+    init = sch.decompose_reduction(c, first_k)
+    sch.vectorize(sch.get_loops(init)[-1])
+    if intrin != "none":
+        sch.tensorize(cji, intrinsics.ensure(intrinsics.VNNI_16x4 if intrin == "vnni" else intrinsics.AVX2_8x2))
+    sch.vectorize(jii)
+
+
+def lower(w: Workload, cfg: Config, target: Any) -> Any:
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(compute(w, cfg))
+    schedule(sch, w, cfg)
+    return sch.mod

@@ -1,0 +1,210 @@
+"""`torch.ops.autotune.qmatmul` and `QuantLinear`: how the quantized matmul appears in PyTorch.
+
+Kernels are compiled for (k, n, mode, bias, relu) and exactly their tuned M: a call of another M runs the
+smallest bucket that holds it, its rows zero-padded, or is split into chunks of the largest (see `run`). The op
+takes int8 tensors and has no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._torch_checks import need, same_device_contiguous
+from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
+from .workload import Workload, inputs, qmatmul_reference
+
+__all__ = ["BINDING", "QuantLinear", "check", "op_arguments", "qmatmul", "quantize_rows"]
+
+OP = "qmatmul"
+
+
+def qmatmul(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
+            relu: bool = False, validate: bool = True) -> Tensor:
+    """relu?((a @ weight.T) * a_scale[:, None] * w_scale + bias) with int8 a and weight (int32 accumulation),
+    or with float32 a and no a_scale (weight-only). The weight is packed once per kernel and weight tensor."""
+    return qmatmul_reference(a, weight, a_scale, w_scale, bias, relu)
+
+
+def check(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
+          relu: bool = False, validate: bool = True) -> None:
+    """What the op's semantics reject, as clear errors (dtypes, shapes like nn.Linear's, scales, one device)."""
+    need(a.dim() == 2, OP, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
+    need(a.dtype in (torch.int8, torch.float32), OP,
+         f"a must be int8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
+    need(weight.dtype == torch.int8, OP, f"weight must be int8, got {weight.dtype}", InvalidDtype)
+    need(weight.dim() == 2 and weight.shape[1] == a.shape[1], OP,
+         f"weight must be (n, {a.shape[1]}) like nn.Linear's for a of shape {tuple(a.shape)}, "
+         f"got {tuple(weight.shape)}")
+    m, n = a.shape[0], weight.shape[0]
+    if a.dtype == torch.int8:
+        need(a_scale is not None, OP, "int8 activations need a_scale (one float32 scale per row)")
+    else:
+        need(a_scale is None, OP, "float32 activations (weight-only) take no a_scale")
+    for name, t, size in (("a_scale", a_scale, m), ("w_scale", w_scale, n), ("bias", bias, n)):
+        if t is not None:
+            need(t.dtype == torch.float32, OP, f"{name} must be float32, got {t.dtype}", InvalidDtype)
+            need(tuple(t.shape) == (size,), OP, f"{name} must be ({size},), got {tuple(t.shape)}")
+    same_device_contiguous(OP, a=a, weight=weight, a_scale=a_scale, w_scale=w_scale, bias=bias)
+
+
+def fake(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
+         relu: bool = False, validate: bool = True) -> Tensor:
+    return a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+def _mode(a: Tensor) -> str:
+    return "int8" if a.dtype == torch.int8 else "weight_only"
+
+
+def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
+          relu: bool = False, validate: bool = True) -> Route:
+    n, k = weight.shape
+    return Route((k, n, _mode(a), bias is not None, relu), a.shape[0])
+
+
+def _run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Tensor:
+    """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows, zero-padded up to it."""
+    rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
+    a_c = a[chunk.start:chunk.stop]
+    s_c = None if a_scale is None else a_scale[chunk.start:chunk.stop]
+    if pad:
+        a_c = F.pad(a_c, (0, 0, 0, pad))
+        s_c = None if s_c is None else F.pad(s_c, (0, pad))
+    out = chunk.kernel(a_c, weight, *([] if s_c is None else [s_c]), *rest)
+    return out[:rows] if pad else out
+
+
+def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
+        bias: Optional[Tensor] = None, relu: bool = False, validate: bool = True) -> Tensor:
+    rest = [w_scale] + ([] if bias is None else [bias])
+    if len(chunks) == 1:
+        return _run_chunk(chunks[0], a, weight, a_scale, rest).contiguous()
+    out = a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
+    for chunk in chunks:
+        out[chunk.start:chunk.stop] = _run_chunk(chunk, a, weight, a_scale, rest)
+    return out
+
+
+def compiled(w: Workload) -> tuple[Any, ...]:
+    return (w.k, w.n, w.mode, w.bias, w.relu)
+
+
+def describe(signature: tuple[Any, ...]) -> str:
+    k, n, mode, bias, relu = signature
+    return f"k={k} n={n} mode={mode} bias={bias} relu={relu}"
+
+
+def op_arguments(w: Workload, tensors: Sequence[Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The op's arguments for the template's reference-order tensors of `w`."""
+    if w.mode == "int8":
+        a, weight, a_scale, w_scale, *rest = tensors
+    else:
+        (a, weight, w_scale, *rest), a_scale = tensors, None
+    return (a, weight, a_scale, w_scale, rest[0] if w.bias else None), {"relu": w.relu}
+
+
+def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """The tuned M, M of 1, one below and above it (not whole tiles: padded), above twice it (split), zero and
+    extreme int8 activations and weights, and `count` random M."""
+
+    def call(name: str, m: int, s: int, fill: tuple[int, int] | None = None
+             ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        tensors = list(inputs(dataclasses.replace(w, m=m), s))
+        if fill is not None:  # (activation value, weight value): all-equal extremes (or zeros)
+            if w.mode == "int8":
+                tensors[0] = torch.full_like(tensors[0], fill[0])
+            else:
+                tensors[0] = torch.full_like(tensors[0], float(fill[0]))
+            tensors[1] = torch.full_like(tensors[1], fill[1])
+        args, kwargs = op_arguments(w, tensors)
+        return name, args, kwargs
+
+    sizes = dict.fromkeys([w.m, 1, max(1, w.m - 1), w.m + 1, 2 * w.m + 3])
+    out = [call(f"m={m}" + (" (tuned)" if m == w.m else ""), m, seed + i) for i, m in enumerate(sizes)]
+    out += [call("zero activations", w.m, seed, (0, 1)), call("zero weights", w.m, seed, (1, 0)),
+            call("activations -128, weights -128", w.m, seed, (-128, -128)),
+            call("activations 127, weights -128", w.m, seed, (127, -128))]
+    rng = random.Random(seed)
+    for i in range(count):
+        m = rng.randint(1, 3 * w.m + 8)
+        out.append(call(f"random m={m} (seed {seed + 10 + i})", m, seed + 10 + i))
+    return out
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per row: (round(x / scale) in [-127, 127], scale = max |x| / 127 per row)."""
+    scale = x.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    return torch.round(x / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+class QuantLinear(nn.Module):
+    """An int8 `nn.Linear` for inference on tuned qmatmul kernels, optionally with the following ReLU fused.
+
+    Weights are quantized per output channel once (`from_float`); in int8 mode activations are quantized per row
+    at run time (symmetric, max-abs), in weight-only mode they stay float32. Its tensors are buffers: it has no
+    gradients. Inputs may have any leading dimensions, as nn.Linear's.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, relu: bool = False,
+                 mode: str = "int8", device: Any = None, validate: bool = True):
+        super().__init__()
+        if mode not in ("int8", "weight_only"):
+            raise ValueError(f"QuantLinear: mode must be int8 or weight_only, got {mode!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.relu, self.mode, self.validate = relu, mode, validate
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("w_scale", torch.ones(out_features, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, relu: bool = False, mode: str = "int8",
+                   validate: bool = True) -> "QuantLinear":
+        """Quantize `linear`'s weight per output channel (symmetric, max-abs); the bias stays float32."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, relu=relu, mode=mode,
+                  device=linear.weight.device, validate=validate)
+        with torch.no_grad():
+            q, scale = quantize_rows(linear.weight.detach().float())
+            new.weight.copy_(q)
+            new.w_scale.copy_(scale)
+            if linear.bias is not None:
+                new.bias.copy_(linear.bias.detach().float())
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        a = x.reshape(-1, self.in_features).float().contiguous()
+        if self.mode == "int8":
+            q, scale = quantize_rows(a)
+            y = torch.ops.autotune.qmatmul(q, self.weight, scale, self.w_scale, self.bias, self.relu, self.validate)
+        else:
+            y = torch.ops.autotune.qmatmul(a, self.weight, None, self.w_scale, self.bias, self.relu, self.validate)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"relu={self.relu}, mode={self.mode}")
+
+
+def _linear_to_quant(module: nn.Module, next_module: Any, has_kernel: Any, validate: bool) -> Any:
+    """nn.Linear (exactly: subclasses may change forward) -> int8 QuantLinear, fusing a ReLU that follows it
+    when a relu kernel exists."""
+    if type(module) is not nn.Linear:
+        return None
+    fields = (module.in_features, module.out_features, "int8", module.bias is not None)
+    for relu in ((True, False) if isinstance(next_module, nn.ReLU) else (False,)):
+        if has_kernel(lambda w: (w.k, w.n, w.mode, w.bias, w.relu) == (*fields, relu)):
+            return QuantLinear.from_float(module, relu=relu, validate=validate), relu
+    return f"no int8 qmatmul kernel for k={fields[0]} n={fields[1]} bias={fields[3]}"
+
+
+BINDING = TorchBinding(
+    op=qmatmul, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.m,
+    any_size=False, describe=describe, cases=cases,
+    rules=(ModuleRule("nn.Linear(+ReLU) -> QuantLinear", _linear_to_quant, quantizes=True),),
+    exports=(("QuantLinear", QuantLinear), ("quantize_rows", quantize_rows)))

@@ -1,0 +1,201 @@
+"""Quantized matmul's workload and PyTorch semantics: `Y = epilogue(A @ W.T)`, W stored (N, K) like nn.Linear.
+
+mode=int8: int8 activations x int8 weights -> exact int32 accumulation, then a fused epilogue:
+    Y = relu?(acc * a_scale[m] * w_scale[n] + bias[n])   (per-row activation scale, per-channel weight scale)
+mode=weight_only: fp32 activations x int8 weights with per-channel scales:
+    Y = relu?((A @ W.T) * w_scale[n] + bias[n])
+
+Nothing here depends on a schedule: the device modules (cpu.py, cuda.py) say how far M, K and N are padded and
+how the weight is laid out; this module pads to what they say. No tvm import: packages run without TVM.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from ..template import Traffic, Workload as _Workload, WorkloadError
+
+
+@dataclass(frozen=True)
+class Workload(_Workload):
+    m: int
+    k: int
+    n: int
+    mode: str = "int8"
+    bias: bool = True
+    relu: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("m", "k", "n"):
+            if getattr(self, name) < 1:
+                raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.mode not in ("int8", "weight_only"):
+            raise WorkloadError(f"mode must be int8 or weight_only, got {self.mode!r}")
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def a_bytes(w: Workload) -> int:
+    """Bytes of one activation element: int8 or fp32."""
+    return 1 if w.mode == "int8" else 4
+
+
+# ---- data and reference ------------------------------------------------------------------------------------
+def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
+    """(A, W, a_scale, w_scale[, bias]) for int8; (A, W, w_scale[, bias]) for weight-only."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    wt = torch.randint(-128, 128, (w.n, w.k), generator=g, dtype=torch.int8)
+    w_scale = torch.rand(w.n, generator=g) * 0.01 + 1e-3
+    bias = [torch.randn(w.n, generator=g)] if w.bias else []
+    if w.mode == "int8":
+        a = torch.randint(-128, 128, (w.m, w.k), generator=g, dtype=torch.int8)
+        a_scale = torch.rand(w.m, generator=g) * 0.05 + 1e-3
+        return (a, wt, a_scale, w_scale, *bias)
+    a = torch.randn(w.m, w.k, generator=g)
+    return (a, wt, w_scale, *bias)
+
+
+def accumulate(a: Any, weight: Any) -> Any:
+    """A @ W.T exactly: int32 for int8 A (through float64, exact below 2**53), fp32 for fp32 A."""
+    import torch
+
+    if a.dtype == torch.int8:
+        return (a.double() @ weight.double().t()).to(torch.int32)
+    return a @ weight.float().t()
+
+
+def qmatmul_reference(a: Any, weight: Any, a_scale: Optional[Any], w_scale: Any, bias: Optional[Any] = None,
+                      relu: bool = False) -> Any:
+    """The op's semantics on its call arguments (int8 mode when `a_scale` is given, weight-only otherwise): the
+    reference kernels are checked against and the torch op's PyTorch fallback."""
+    import torch
+
+    y = accumulate(a, weight)
+    y = y.float() * a_scale[:, None] * w_scale[None, :] if a_scale is not None else y * w_scale[None, :]
+    if bias is not None:
+        y = y + bias
+    return torch.relu(y) if relu else y
+
+
+def reference(w: Workload, *tensors: Any) -> Any:
+    if w.mode == "int8":
+        a, weight, a_scale, w_scale, *rest = tensors
+    else:
+        (a, weight, w_scale, *rest), a_scale = tensors, None
+    return qmatmul_reference(a, weight, a_scale, w_scale, rest[0] if w.bias else None, w.relu)
+
+
+def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
+    """PyTorch's fastest paths for the same arithmetic (fbgemm's on CPU only), prepared outside the timed call."""
+    import torch
+
+    out: dict[str, Callable[[], Any]] = {}
+    if w.mode == "weight_only":
+        a, weight, w_scale, *rest = tensors
+        wf = weight.float() * w_scale[:, None]
+        b = rest[0] if w.bias else None
+        out["torch linear (fp32, dequantized weight)"] = lambda: (
+            torch.relu(torch.nn.functional.linear(a, wf, b)) if w.relu else torch.nn.functional.linear(a, wf, b))
+        return out
+    a, weight, a_scale, w_scale, *rest = tensors
+    b = rest[0] if w.bias else None
+    wt = weight.t().contiguous()
+
+    def int_mm() -> Any:
+        y = torch._int_mm(a, wt).float() * a_scale[:, None] * w_scale[None, :]
+        y = y + b if b is not None else y
+        return torch.relu(y) if w.relu else y
+
+    if w.m > 16 and w.k % 8 == 0 and w.n % 8 == 0:
+        out["torch._int_mm + epilogue"] = int_mm
+    if a.device.type != "cpu":
+        return out
+    try:  # fbgemm's quantized linear: u8 activations (one scale), per-channel s8 weights, u8 output
+        # Activations use 7 of the 8 bits (PyTorch's fbgemm qconfigs set reduce_range): without VNNI, fbgemm
+        # sums u8 x s8 pairs into int16 (vpmaddubsw), which saturates on full-range activations.
+        warnings.filterwarnings("ignore", message=".*quantize_per_.*deprecated", category=UserWarning)
+        torch.backends.quantized.engine = "fbgemm"
+        qw = torch.quantize_per_channel(weight.float() * w_scale[:, None], w_scale.double(),
+                                        torch.zeros(w.n, dtype=torch.long), 0, torch.qint8)
+        packed = torch.ops.quantized.linear_prepack(qw, b)
+        a_real = a.float() * a_scale[:, None]
+        qa = torch.quantize_per_tensor(a_real, float(a_real.abs().max()) / 63, 64, torch.quint8)
+        y_max = float(qmatmul_reference(a, weight, a_scale, w_scale, b, w.relu).abs().max())  # output range
+        out_scale, out_zero = 2 * y_max / 255, 128
+        linear = torch.ops.quantized.linear_relu if w.relu else torch.ops.quantized.linear
+        out["quantized.linear (fbgemm)"] = lambda: linear(qa, packed, out_scale, out_zero).dequantize()
+    except (RuntimeError, AttributeError):
+        pass
+    return out
+
+
+def check_inputs(w: Workload, *tensors: Any) -> None:
+    """Raise a clear error for tensors this workload's kernel cannot take: first what it needs (the tensors of
+    its mode and options, its M, K and N), then the op's own semantics (the torch op's check: dtypes, scales,
+    one device, contiguity)."""
+    import torch
+
+    from .torch_op import check, op_arguments  # imports torch: not at module level
+
+    def need(cond: bool, msg: str, exc: type[Exception] = ValueError) -> None:
+        if not cond:
+            raise exc(f"qmatmul: {msg}")
+
+    names = (["a", "weight", "a_scale", "w_scale"] if w.mode == "int8" else ["a", "weight", "w_scale"])
+    names += ["bias"] if w.bias else []
+    need(len(tensors) == len(names), f"expected ({', '.join(names)}), got {len(tensors)} tensors", TypeError)
+    t = dict(zip(names, tensors))
+    for name, x in t.items():
+        need(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor", TypeError)
+    a_dtype = torch.int8 if w.mode == "int8" else torch.float32
+    need(t["a"].dtype == a_dtype, f"a must be {a_dtype}, got {t['a'].dtype}", TypeError)
+    need(tuple(t["a"].shape) == (w.m, w.k), f"a must be ({w.m}, {w.k}), got {tuple(t['a'].shape)}")
+    need(tuple(t["weight"].shape) == (w.n, w.k), f"weight must be ({w.n}, {w.k}), got {tuple(t['weight'].shape)}")
+    args, kwargs = op_arguments(w, tensors)
+    check(*args, **kwargs)
+
+
+# ---- padding to whole tiles (the tile sizes come from the config's device module) ------------------------------
+def padded_weight(w: Workload, dims: tuple[int, int, int], weight: Any) -> Any:
+    """The (N, K) weight zero-padded to (np_, kp) of the padded `dims` (mp, kp, np_), on the weight's device:
+    what each device's `pack` lays out."""
+    import torch
+
+    _, kp, np_ = dims
+    wp = torch.zeros(np_, kp, dtype=torch.int8, device=weight.device)
+    wp[: w.n, : w.k] = weight
+    return wp
+
+
+def padded_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any
+                ) -> tuple[list[Any], Any]:
+    """Kernel arguments from reference-order tensors with the weight already packed, for a kernel computing
+    the padded `dims` (mp, kp, np_): (A, *packed, a_scale?, w_scale, bias?, Y), and the (M, N) output."""
+    import torch
+
+    def pad(x: Any, widths: tuple[int, ...]) -> Any:  # copies only when the shape is not whole tiles
+        return torch.nn.functional.pad(x, widths) if any(widths) else x
+
+    mp, kp, np_ = dims
+    a, _weight, *rest = tensors
+    a = pad(a, (0, kp - w.k, 0, mp - w.m))  # whole tiles and kb groups: zero-padded activations
+    a_scale = [pad(rest.pop(0), (0, mp - w.m))] if w.mode == "int8" else []
+    per_channel = [pad(x, (0, np_ - w.n)) for x in rest]  # w_scale[, bias]
+    out = torch.empty(mp, np_, dtype=torch.float32, device=a.device)
+    # Padded rows and channels are computed and dropped: the caller gets an (M, N) view of the result.
+    return [a, *packed, *a_scale, *per_channel, out], out if (mp, np_) == (w.m, w.n) else out[: w.m, : w.n]
+
+
+def traffic(w: Workload, *tensors: Any) -> Traffic:
+    return Traffic(bytes=float(w.m * w.k * a_bytes(w) + w.n * w.k + w.m * w.n * 4), ops=2.0 * w.m * w.n * w.k,
+                   unit="GOPS" if w.mode == "int8" else "GFLOPS")
+
+
+def tolerance(w: Workload) -> tuple[float, float]:
+    return (1e-5, 1e-4) if w.mode == "int8" else (1e-4, 1e-3)

@@ -1,0 +1,146 @@
+"""The contract every registered template satisfies: search_spaces/template.py's `Template` protocol.
+
+Each test runs for every operator the registry discovers, so a new operator package is held to it without an
+edit here. Operator-specific behaviour (modes, GPU schedules, emulated CUDA) is pinned in test_<op>.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import search_spaces
+from autotune.build import compile_module
+from autotune.runtime import BoundKernel, mismatch
+from autotune.targets import resolve
+from autotune.task import make_task
+from search_spaces import InvalidConfig, Template, TorchBinding, Traffic, WorkloadError
+
+OPS = search_spaces.names()
+MEMBERS = sorted({*Template.__annotations__, *(n for n in vars(Template) if not n.startswith("_"))})
+
+
+def _task(op: str, device: str = "cpu"):
+    tpl = search_spaces.get(op)
+    return make_task(op, device, shape=tpl.TEST_SHAPE)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_template_provides_the_protocol(op):
+    tpl = search_spaces.get(op)
+    missing = [m for m in MEMBERS if not hasattr(tpl, m)]
+    assert not missing, f"{op} lacks {missing}"
+    assert tpl.NAME == op
+    assert all(isinstance(i, int) for i in tpl.WEIGHTS)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_shapes_round_trip_through_text_and_json(op):
+    tpl = search_spaces.get(op)
+    for text in (tpl.EXAMPLE_SHAPE, tpl.TEST_SHAPE):
+        w = tpl.Workload.from_shape(text)
+        assert tpl.Workload.from_json(w.to_json()) == w
+        assert tpl.Workload.from_json(w.to_json()).key() == w.key()
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("text", ["", "nonsense=1", "noequals", "=3"])
+def test_bad_shape_text_is_a_workload_error(op, text):
+    tpl = search_spaces.get(op)
+    with pytest.raises(WorkloadError):
+        tpl.Workload.from_shape(text if text != "nonsense=1" else f"{tpl.TEST_SHAPE},{text}")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_missing_field_is_a_workload_error(op):
+    tpl = search_spaces.get(op)
+    first = tpl.TEST_SHAPE.split(",")[0]
+    with pytest.raises(WorkloadError, match="missing"):
+        tpl.Workload.from_shape(tpl.TEST_SHAPE.replace(first, "").strip(","))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_default_and_sampled_configs_match_the_reference(op):
+    task = _task(op)
+    space = task.space
+    rng = random.Random(7)
+    configs = [space.default(), *(space.sample(rng) for _ in range(2))]
+    inputs = task.template.inputs(task.workload, 1)
+    ref = task.template.reference(task.workload, *inputs)
+    rtol, atol = task.template.tolerance(task.workload)
+    for cfg in dict.fromkeys(configs):
+        func = compile_module(task, cfg)["main"]
+        out = BoundKernel(task.template, task.workload, cfg, func, on_gpu=False)(*inputs)
+        assert mismatch(out, ref, rtol, atol) is None, f"{op} {cfg}: {mismatch(out, ref, rtol, atol)}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_config_of_another_space_is_refused(op):
+    task = _task(op)
+    other = next(o for o in OPS if o != op)
+    foreign = search_spaces.get(other).space(_task(other).workload, task.device.target()).default()
+    with pytest.raises((InvalidConfig, KeyError, ValueError)):
+        task.space.from_json(foreign.to_json())
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_check_inputs_accepts_its_inputs_and_rejects_a_wrong_dtype(op):
+    tpl, w = search_spaces.get(op), _task(op).workload
+    inputs = tpl.inputs(w, 2)
+    tpl.check_inputs(w, *inputs)
+    first = inputs[0]
+    wrong = first.to(torch.float64 if not first.is_floating_point() or first.dtype != torch.float64
+                     else torch.int32)
+    with pytest.raises((TypeError, ValueError)):
+        tpl.check_inputs(w, wrong, *inputs[1:])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_baselines_compute_the_reference_and_traffic_is_positive(op):
+    tpl, w = search_spaces.get(op), _task(op).workload
+    inputs = tpl.inputs(w, 3)
+    ref = tpl.reference(w, *inputs)
+    rtol, atol = tpl.tolerance(w)
+    baselines = tpl.baselines(w, *inputs)
+    assert baselines
+    scale = float(ref.abs().max()) or 1.0
+    for name, fn in baselines.items():  # PyTorch's fastest paths may round differently (fbgemm requantizes)
+        out = fn()
+        assert out.shape == ref.shape, name
+        assert float((out.double() - ref.double()).abs().max()) <= 0.02 * scale + atol, name
+    traffic = tpl.traffic(w, *inputs)
+    assert isinstance(traffic, Traffic) and traffic.bytes > 0 and traffic.rate(1e-3) > 0
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_space_lowers_its_default_config(op):
+    task = _task(op, "cuda:sm_90")
+    mod = task.lower(task.space.default())
+    assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torch_binding_is_consistent_with_the_workload(op):
+    tpl, w = search_spaces.get(op), _task(op).workload
+    binding = tpl.torch_binding()
+    if binding is None:
+        pytest.skip(f"{op} has no torch op")
+    assert isinstance(binding, TorchBinding)
+    hash(binding.compiled(w))
+    assert binding.size(w) >= 1
+    cases = list(binding.cases(w, 0, 2))
+    assert cases, "an operator with a torch op names the cases `autotune check` runs"
+    for name, args, kwargs in cases:
+        route = binding.route(*args, **kwargs)
+        assert not isinstance(route, str), f"case {name} would not reach a kernel: {route}"
+        assert route.signature == binding.compiled(w), name
+        out, fake = binding.op(*args, **kwargs), binding.fake(*args, **kwargs)
+        assert (out.shape, out.dtype) == (fake.shape, fake.dtype), name
+
+
+def test_registry_finds_every_template_package_once():
+    assert len(OPS) == len(set(OPS)) and {"embedding_bag", "interaction", "qmatmul"} <= set(OPS)
+    assert all(search_spaces.get(op) is search_spaces.get(op) for op in OPS)
+    assert resolve("cpu").name.startswith("cpu:")
