@@ -82,7 +82,7 @@ def check(root: Path) -> None:
         best = min(good, key=lambda r: sorted(r["costs"])[len(r["costs"]) // 2])
         best_s = sorted(best["costs"])[len(best["costs"]) // 2]
         data = rt.TaskData(template, w, spec["seed"], "cuda")
-        timing = rt.TimingSpec(**spec["timing"])
+        timing = rt.Timing(**spec["timing"])
         paths = template.baselines(w, *data.inputs) if hasattr(template, "baselines") else {}
         paths = paths or {"reference": lambda: template.reference(w, *data.inputs)}
         torch_s = {}

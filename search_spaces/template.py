@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 __all__ = ["IndexOutOfRange", "InvalidDtype", "InvalidInput", "ModuleRule", "Route", "Template", "TorchBinding",
-           "Traffic", "Workload", "WorkloadError", "is_gpu", "parse_shape"]
+           "Traffic", "Workload", "WorkloadError", "by_device", "is_gpu", "parse_shape"]
 
 
 class WorkloadError(ValueError):
@@ -144,6 +144,19 @@ def is_gpu(target: Any) -> bool:
     """Whether a tvm Target (or its kind name) is a GPU one: templates pick their CUDA or CPU module by it."""
     kind = target if isinstance(target, str) else getattr(getattr(target, "kind", None), "name", "")
     return kind.split(":")[0] in ("cuda", "nvptx", "rocm")
+
+
+def by_device(cpu: Any, cuda: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """`space(w, target)` and `lower(w, cfg, target)` of a template whose cpu and cuda modules each define
+    them: the target picks the module."""
+
+    def space(w: Any, target: Any) -> Any:
+        return (cuda if is_gpu(target) else cpu).space(w, target)
+
+    def lower(w: Any, cfg: Any, target: Any) -> Any:
+        return (cuda if is_gpu(target) else cpu).lower(w, cfg, target)
+
+    return space, lower
 
 
 # ---- errors a call's tensors can raise (PyTorch raises RuntimeError for all of them; ours are both) ----------

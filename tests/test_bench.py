@@ -131,6 +131,7 @@ def test_gather_bandwidth_is_cached_per_table_shape(cache, monkeypatch):
 
 
 def test_no_compiler_is_one_clear_message_and_no_roof(tmp_path, monkeypatch):
+    monkeypatch.setattr(roofline, "_MEASURED", {})  # nothing measured yet in this process
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-cc")
     with pytest.raises(roofline.RooflineUnavailable, match="no C compiler"):

@@ -21,7 +21,7 @@ for entry in manifest["kernels"]:
     data = rt.TaskData(template, w, 1, "cpu")
     func = rt.load_function(PKG + "/" + entry["file"])
     cfg = __import__("search_spaces.space", fromlist=["Config"]).Config(tuple(entry["config"].items()))
-    costs, kind, err = rt.check_and_time(data, cfg, func, rt.TimingSpec(1, 2, 1.0))
+    costs, kind, err = rt.check_and_time(data, data.bind(cfg, func), rt.Timing(1, 2, 1.0))
     print(entry["op"], kind, err, len(costs))
 print("tvm" in sys.modules)
 """

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from search_spaces.template import ModuleRule, TorchBinding
+from search_spaces.template import TorchBinding
 
 from .ops import BINDINGS
 from .registry import REGISTRY, LoadedKernel, Package, device_key, load

@@ -18,10 +18,9 @@ and cuda.py: each device's knobs (embedding_bag's, shared) and schedule.
 
 from __future__ import annotations
 
-from typing import Any
 
-from ..space import Config, Space
-from ..template import is_gpu
+
+from ..template import by_device
 from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
@@ -37,12 +36,7 @@ __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", 
            "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
 
 
-def space(w: Workload, target: Any) -> Space:
-    return (cuda if is_gpu(target) else cpu).space(w, target)
-
-
-def lower(w: Workload, cfg: Config, target: Any) -> Any:
-    return (cuda if is_gpu(target) else cpu).lower(w, cfg, target)
+space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
 
 
 def torch_binding() -> None:

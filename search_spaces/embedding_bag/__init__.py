@@ -7,10 +7,9 @@ cpu.py and cuda.py: each device's knobs, TVMScript and schedule (kernel.py: the 
 
 from __future__ import annotations
 
-from typing import Any
 
-from ..space import Config, Space
-from ..template import TorchBinding, is_gpu
+
+from ..template import TorchBinding, by_device
 from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
@@ -25,12 +24,7 @@ __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", 
            "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
 
 
-def space(w: Workload, target: Any) -> Space:
-    return (cuda if is_gpu(target) else cpu).space(w, target)
-
-
-def lower(w: Workload, cfg: Config, target: Any) -> Any:
-    return (cuda if is_gpu(target) else cpu).lower(w, cfg, target)
+space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
 
 
 def torch_binding() -> TorchBinding:

@@ -8,7 +8,6 @@ data checks read the indices once, and on a GPU wait for it. The backward is PyT
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any, Iterable, Optional, Sequence
 

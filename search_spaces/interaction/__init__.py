@@ -8,10 +8,9 @@ thread-level CUDA kernel (shared-memory staging, register tiles, warp shuffles) 
 
 from __future__ import annotations
 
-from typing import Any
 
-from ..space import Config, Space
-from ..template import TorchBinding, is_gpu
+
+from ..template import TorchBinding, by_device
 from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
@@ -27,14 +26,7 @@ TEST_SHAPE = "batch=5,tables=3,dim=12"  # D not a multiple of the vector widths:
 WEIGHTS: tuple[int, ...] = ()  # no model weights: both inputs are activations
 
 
-def space(w: Workload, target: Any) -> Space:
-    """The knob space of this workload on a CPU ("llvm") or CUDA target."""
-    return (cuda if is_gpu(target) else cpu).space(w, target)
-
-
-def lower(w: Workload, cfg: Config, target: Any) -> Any:
-    """The IRModule of one config for this target: what `tvm.compile` builds."""
-    return (cuda if is_gpu(target) else cpu).lower(w, cfg, target)
+space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
 
 
 def torch_binding() -> TorchBinding:
