@@ -73,7 +73,7 @@ def test_tune_best_bench_through_the_console_script(tmp_path):
     assert "best:" in tune.stdout and len(list(records.load(log))) == 4
     best = subprocess.run(exe + ["best", "--log", str(log)], capture_output=True, text=True, timeout=120)
     assert best.returncode == 0 and "best" in best.stdout
-    bench = subprocess.run(exe + ["bench", "embedding_bag", "--shape", SHAPE, "--log", str(log), "--json"],
+    bench = subprocess.run(exe + ["bench", "embedding_bag", "--shape", SHAPE, "--log", str(log), "--json", "--rounds", "1"],
                            capture_output=True, text=True, timeout=300)
     assert bench.returncode == 0, bench.stderr
     result = json.loads(bench.stdout)
