@@ -130,9 +130,17 @@ def for_task(records: Iterable[Record], op: str, workload_key: str, device: str)
 
 
 def best(records: Iterable[Record], op: str, workload_key: str, device: str) -> Record | None:
-    """The fastest correct record for one (op, workload, device), or None."""
-    ok = [r for r in for_task(records, op, workload_key, device) if r.ok]
-    return min(ok, key=lambda r: r.latency) if ok else None
+    """The fastest correct config for one (op, workload, device), or None: its latest record, carrying the
+    costs of every measurement of that config, so its latency is their median.
+
+    Pooling is what makes a re-measurement count: the fastest of many single measurements on a noisy machine
+    is biased low (the winner's curse), and the tuner measures its leaders again before it stops."""
+    pooled: dict[str, Record] = {}
+    for r in for_task(records, op, workload_key, device):
+        if r.ok:
+            seen = pooled.get(r.config_key)
+            pooled[r.config_key] = r if seen is None else replace(r, costs=seen.costs + r.costs)
+    return min(pooled.values(), key=lambda r: r.latency) if pooled else None
 
 
 def current_version(op: str, device: str) -> str | None:

@@ -63,13 +63,15 @@ class _Training:
 def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
          batch_size: int = 16, early_stopping: int | None = None, timing: Timing = Timing(),
          builder: Builder | None = None, runner: Any = None, progress: bool = True,
-         include_stale: bool = False, retry_errors: Iterable[str] = ()) -> TuneResult:
+         include_stale: bool = False, retry_errors: Iterable[str] = (), confirm: int = 3) -> TuneResult:
     """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
 
     Configs already in the log for this task are never measured again (resume), except those whose records
     failed with a kind in `retry_errors` and those only the harness failed on; records of other workloads of
     the same op and device train the cost model from the start. Records of another template version (older
-    schedule code) count for nothing unless `include_stale`.
+    schedule code) count for nothing unless `include_stale`. Before it stops, a run that measured anything
+    measures its `confirm` fastest configs once more (not counted as trials): the best is the config whose
+    pooled measurements are fastest, not the luckiest single one.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
@@ -113,7 +115,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     builder = builder or Builder()
     runner = runner or LocalRunner(timing)
     bar = _progress(trials, task, progress)
-    result = TuneResult(best=best, measured=0, resumed=len(mine))
+    result = TuneResult(best=best, measured=0, resumed=len({r.config_key for r in mine}))
     since_improvement = 0
     try:
         while result.measured < trials:
@@ -145,6 +147,14 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
                 bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms")
             if early_stopping and since_improvement >= early_stopping:
                 break
+        if confirm and result.measured:
+            again = _leaders(mine, task, confirm)
+            confirmed = [_to_record(task, m) for m in runner.measure(task, builder.build(task, again))]
+            records.append(log, confirmed)
+            mine += confirmed
+            result.best = records.best(mine, task.op, task.workload_key, task.device.name)
+            if result.best is not None:
+                bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms (confirmed)")
     finally:
         bar.close()
         if own_builder:
@@ -152,6 +162,18 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
         if own_runner:
             runner.close()
     return result
+
+
+def _leaders(recs: list[records.Record], task: Task, n: int) -> list[Config]:
+    """The n configs whose pooled measurements are fastest."""
+    left, out = list(recs), []
+    while len(out) < n:
+        top = records.best(left, task.op, task.workload_key, task.device.name)
+        if top is None:
+            break
+        out.append(task.space.from_json(top.config))
+        left = [r for r in left if r.config_key != top.config_key]
+    return out
 
 
 def check_error_kinds(kinds: Iterable[str]) -> set[str]:

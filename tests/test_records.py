@@ -135,3 +135,12 @@ def test_retag_rewrites_one_op_and_device_kind_and_keeps_everything_else(tmp_pat
     assert (log.stat().st_mode & 0o777) == 0o640 and sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
     assert records.retag(log, FAULTY, "cuda", version="feedc0ffee00") == 1
     assert Record.from_json(log.read_text().splitlines()[3]).template_version == "feedc0ffee00"
+
+
+def test_best_pools_every_measurement_of_a_config():
+    lucky, steady = rec("lucky", costs=(1.0, 9.0, 9.0)), rec("steady", costs=(5.0, 5.0, 5.0))
+    assert records.best([lucky, steady], "op", "w1", "cpu:x").config_key == "steady"  # one fast repeat is luck
+    first, again = rec("a", costs=(1.0, 2.0, 3.0)), rec("a", costs=(9.0, 9.0, 1.0))
+    pooled = records.best([first, steady, again], "op", "w1", "cpu:x")
+    assert pooled.config_key == "a" and sorted(pooled.costs) == [1.0, 1.0, 2.0, 3.0, 9.0, 9.0]
+    assert pooled.latency == 2.5  # the median of both measurements, not the first one's 2.0

@@ -31,7 +31,13 @@ def test_short_run_logs_a_best_config_that_rebuilds_and_matches_torch(tmp_path, 
     assert res.measured == 12 and res.best is not None and res.best.ok
     assert len(res.curve) == 12 and res.curve == sorted(res.curve, reverse=True)
     logged = list(records.load(log))
-    assert len(logged) == 12 and all(r.ok for r in logged)
+    assert len(logged) == 12 + 3 and all(r.ok for r in logged)
+    assert len({r.config_key for r in logged}) == 12  # the 3 fastest were measured once more, before stopping
+    leaders = sorted(logged[:12], key=lambda r: r.latency)[:3]
+    assert {r.config_key for r in logged[12:]} == {r.config_key for r in leaders}
+    pooled = records.best(logged, task.op, task.workload_key, task.device.name)  # leaders' costs pooled
+    assert (res.best.config_key, sorted(res.best.costs)) == (pooled.config_key, sorted(pooled.costs))
+    assert len(pooled.costs) in (len(leaders[0].costs), 2 * len(leaders[0].costs))
     kern = autotune.kernel("embedding_bag", "cpu", log=log, shape=SHAPE)
     assert kern.config == task.space.from_json(res.best.config)
     tensors = task.template.inputs(task.workload, seed=7)
@@ -47,7 +53,7 @@ def test_resume_measures_nothing_twice(tmp_path, workers):
                   runner=workers[1], progress=False)
     assert first.resumed == 0 and second.resumed == 6
     keys = [r.config_key for r in records.load(log)]
-    assert len(keys) == 12 and len(set(keys)) == 12
+    assert len(keys) == 12 + 2 * 3 and len(set(keys)) == 12  # each run measured its 3 leaders again
 
 
 def test_resume_on_a_nearly_exhausted_space_stops_cleanly(tmp_path, workers):
@@ -124,16 +130,17 @@ def _new(log, before):
 
 
 def test_a_stale_record_is_measured_again_unless_include_stale(tmp_path, workers):
+    # confirm=0 in these resume tests: each tune's closing re-measurement of its leaders would add records
     task = make_task("templates.faulty", "cpu", shape="n=64")
     log = _log(tmp_path, task, none4=(None, "0ld0ld0ld0ld"), none1=("wrong", None))
-    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False)
+    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False, confirm=0)
     assert res.resumed == 5 and res.measured == 1
     (new,) = _new(log, 6).values()
     assert new.config["lanes"] == 4 and new.ok and new.template_version == task.template_version
     assert res.best == new and new.latency > 1e-9  # the stale record's (impossible) timing never counts
     # Resumed with include_stale, the same stale record counts as measured, and its timing as the best.
     log2 = _log(tmp_path / "b", task, none4=(None, "0ld0ld0ld0ld"), none1=("wrong", None))
-    res2 = tune(task, trials=10, log=log2, strategy="random", builder=workers[0], runner=workers[1],
+    res2 = tune(task, trials=10, log=log2, strategy="random", builder=workers[0], runner=workers[1], confirm=0,
                 progress=False, include_stale=True)
     assert res2.measured == 0 and res2.resumed == 6 and res2.best.template_version == "0ld0ld0ld0ld"
 
@@ -156,20 +163,20 @@ def test_retry_errors_measures_only_those_kinds_again(tmp_path, workers):
     log = _log(tmp_path, task, **special)
     with pytest.raises(ValueError, match="unknown error kind 'gremlins'; known: invalid"):
         tune(task, trials=4, log=log, retry_errors=("timeout", "gremlins"))
-    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1],
+    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], confirm=0,
                progress=False, retry_errors=("timeout", "runtime"))
     new = _new(log, 6)
     assert res.resumed == 4 and res.measured == 2 and set(new) == {("none", 4), ("wrong", 1)}
     assert new["none", 4].ok and new["wrong", 1].error_kind == "wrong"
     # Retried once, they are measured: a plain resume measures nothing.
-    again = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False)
+    again = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False, confirm=0)
     assert again.measured == 0
 
 
 def test_harness_failures_are_measured_again_on_resume(tmp_path, workers):
     task = make_task("templates.faulty", "cpu", shape="n=64")
     log = _log(tmp_path, task, none4=("harness", None))
-    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False)
+    res = tune(task, trials=10, log=log, strategy="random", builder=workers[0], runner=workers[1], progress=False, confirm=0)
     assert res.resumed == 5 and res.measured == 1 and set(_new(log, 6)) == {("none", 4)}
 
 
