@@ -72,7 +72,7 @@ def test_tuning_through_a_directory_resumes_from_the_log(tmp_path):
     runner._prepare(task)  # so the watcher has its script before the first batch
     measure_until_done()
     try:
-        res = tune(task, trials=4, log=log, batch_size=2, runner=runner, timing=FAST, progress=False)
+        res = tune(task, trials=4, log=log, batch_size=2, runner=runner, timing=FAST, progress=False, confirm=0)
     finally:
         watcher["proc"].kill()
         out = watcher["proc"].communicate()[0]

@@ -155,7 +155,7 @@ def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
 
     runner = RPCRunner(farm.url(), FAST, timeout=60, say=said.append, on_dispatch=on_dispatch)
     try:
-        res = tune(task, trials=8, log=log, batch_size=4, runner=runner, timing=FAST, progress=False, seed=1)
+        res = tune(task, trials=8, log=log, batch_size=4, runner=runner, timing=FAST, progress=False, seed=1, confirm=0)
     finally:
         runner.close()
     recs = list(records.load(log))
