@@ -116,6 +116,7 @@ class BoundKernel:
     def __init__(self, template: Any, workload: Any, config: Any, func: Any, on_gpu: bool):
         self.template, self.workload, self.config, self.func, self.on_gpu = template, workload, config, func, on_gpu
         self._positions = tuple(template.WEIGHTS)
+        self._after = getattr(template, "after_call", None)  # raises what the kernel flagged (template.py)
         self._packs: dict[tuple[Any, ...], tuple[list[Any], tuple[Any, ...]]] = {}
         self._lock = threading.Lock()
         if on_gpu:
@@ -150,6 +151,8 @@ class BoundKernel:
                 call(self.func, args, on_gpu=True)
         else:
             self.func(*args)
+        if self._after is not None:
+            self._after(self.workload, args, out)
         return out
 
 

@@ -13,8 +13,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-__all__ = ["IndexOutOfRange", "InvalidDtype", "InvalidInput", "ModuleRule", "Route", "Template", "TorchBinding",
-           "Traffic", "Workload", "WorkloadError", "by_device", "is_gpu", "parse_shape"]
+__all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule", "Route",
+           "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device", "is_gpu", "parse_shape"]
 
 
 class WorkloadError(ValueError):
@@ -228,6 +228,46 @@ class TorchBinding:
     exports: tuple[tuple[str, Any], ...] = ()  # public names re-exported by autotune.torch (drop-in modules)
 
 
+# ---- how an operator appears in a captured PyTorch graph (read by autotune.torch.tune_model) ----------------
+@dataclass
+class GraphMatch:
+    """One place in a captured graph (a torch.export'ed fx.GraphModule, ATen ops) where an operator can run,
+    found by structure (`GraphRule.find`). The engine calls `replace`, runs the graph on the example inputs and
+    rewires the outputs' users to the new nodes only if the new values agree with the old within `tolerance`;
+    otherwise it erases the new nodes and the model keeps its code (the report says why)."""
+
+    rule: str  # the GraphRule's name
+    nodes: tuple[Any, ...]  # fx nodes of the model's code this match covers: no later match may claim them
+    outputs: tuple[Any, ...]  # nodes whose values the replacement reproduces (their users are rewired)
+    tasks: tuple[tuple[str, dict[str, Any]], ...]  # (template NAME, workload fields) its kernels need tuned
+    replace: Callable[[Any], tuple[Any, ...]]  # (GraphModule) -> new nodes, one per output, inserted, not wired
+    tolerance: tuple[float, float] = (1e-4, 1e-5)  # (rtol, atol) of the check by numbers
+    where: str = ""  # the model's module path(s) it came from (node.meta["nn_module_stack"]), for the report
+    what: str = ""  # e.g. "26 embedding bags -> one batched_embedding_bag (26 tables, dim 64)"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A look-alike a rule refused by structure: the model keeps its code, and the report says why."""
+
+    rule: str
+    where: str
+    why: str
+
+
+@dataclass(frozen=True)
+class GraphRule:
+    """How tune_model finds an operator in a captured graph: `find(gm, values, claimed)` yields GraphMatch or
+    Kept for each candidate site. `values` maps node names to their values on the example inputs (concrete
+    shapes, pooling, constant index tensors); `claimed` holds nodes earlier rules' matches took. Rules run by
+    `priority` (low first) and see the graph as earlier rules rewrote it."""
+
+    name: str
+    find: Callable[[Any, dict[str, Any], set[Any]], Iterable[GraphMatch | Kept]]
+    priority: int = 0
+    quantizes: bool = False  # changes numerics (int8): skipped by tune_model(quantize=False)
+
+
 class Template(Protocol):
     """What the engine, the runners and the torch layer call on an operator template, and nothing else.
 
@@ -276,3 +316,12 @@ class Template(Protocol):
 
     def torch_binding(self) -> TorchBinding | None:
         """How the operator appears in PyTorch (imports torch), or None if it has no torch op."""
+
+    def graph_rules(self) -> tuple[GraphRule, ...]:
+        """How the operator is found in a captured PyTorch graph (its package's graph.py; imports torch)."""
+
+
+# Optional members (the engine uses them where a template defines them):
+#   after_call(w, args, out) -> None: runs after every kernel call, with the kernel_args list; raises what the
+#       kernel flagged in its arguments (e.g. an index out of range the gather saw and skipped), so inputs are
+#       checked without an extra pass over them.
