@@ -140,7 +140,11 @@ def export(records: Iterable[Any], out: str | Path, builder: Any = None,
             if built.lib is None:
                 raise RuntimeError(f"{rec.op} {rec.workload_key} on {rec.device}: the logged config no longer "
                                    f"builds: {built.error_kind}: {built.error}")
-            name = f"{rec.op}-{rec.device.replace(':', '_')}-{len(entries):03d}.so"
+            # named by what it is, not by its position: a process that loaded an earlier package at this path
+            # would otherwise be handed the old library again by the dynamic loader
+            ident = hashlib.sha256(json.dumps([rec.op, rec.workload_key, rec.device, rec.config,
+                                               rec.template_version], sort_keys=True).encode()).hexdigest()[:16]
+            name = f"{rec.op.rsplit('.', 1)[-1]}-{rec.device.replace(':', '_')}-{ident}.so"
             shutil.move(built.lib, out / "kernels" / name)
             entries.append({"file": f"kernels/{name}", "op": rec.op, "workload": rec.workload,
                             "workload_key": rec.workload_key, "device": rec.device, "target": rec.target,

@@ -141,6 +141,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
                 result.curve.append(result.best.latency if result.best else math.inf)
             if model is not None:
                 training.add(new)
+            if model is not None and training.rows:  # a batch the harness failed on whole trains nothing
                 model.update(np.stack(training.rows), training.latencies, training.groups)
             bar.update(len(new))
             if result.best is not None:

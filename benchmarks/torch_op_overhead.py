@@ -1,12 +1,16 @@
 """Per-call cost of `torch.ops.autotune.*` over calling the TVM function directly, in microseconds.
 
-On small inputs (the kernel's own work is a few microseconds) each operator is timed five ways, interleaved in
+On small inputs (the kernel's own work is a few microseconds) each operator is timed seven ways, interleaved in
 rounds: the exported TVM function called with ready arguments (output preallocated), the loaded kernel
-(arguments and output made per call), the custom operator with `validate=False` (also in inference mode) and
-with `validate=True`, and
-PyTorch's own implementation for scale. The difference between the custom operator and the direct call is what
-the dispatcher, the kernel choice and the output allocation cost. Usage:
-    python benchmarks/torch_op_overhead.py [--package DIR]   # default: a package of untuned kernels, built here
+(arguments and output made per call), the custom operator with `validate=False` and with `validate=True`, each
+in normal (grad) mode and in `torch.inference_mode`, and PyTorch's own implementation for scale. The difference
+between the custom operator and the direct call is what the dispatcher, the checks, the kernel choice and the
+output allocation cost; the target is <= 10 us with validation on.
+
+Then the one-hot embedding bag of issue 11 (rows=200000, dim=64, batch=2048, pooling=1): the custom op against
+`F.embedding_bag` on the same tensors in this process, as a ratio (> 1: the op is faster). Usage:
+    python benchmarks/torch_op_overhead.py [--package DIR] [--rounds N]
+    # default: a package of untuned (default-config) kernels, built here; --package takes a tuned one
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,31 +34,102 @@ WORKLOADS = {
     "interaction": dict(batch=16, tables=8, dim=16),
     "qmatmul": dict(m=16, k=64, n=32),
 }
+ONE_HOT = dict(rows=200000, dim=64, batch=2048, pooling=(1, 1))
+RAW = "TVM function, ready arguments"
 
 
-def inference(custom: object, tensors: tuple) -> object:
-    with torch.inference_mode():  # no autograd key: the dispatcher skips custom_op's autograd wrapper
-        return custom(*tensors, validate=False)  # type: ignore[operator]
+class Inference:
+    """A contender timed inside `torch.inference_mode` (entered once around its timing, as a serving loop would:
+    no autograd keys, so the dispatcher goes straight to the CPU kernel)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    def __call__(self) -> Any:
+        return self.fn()
 
 
-def contenders(op: str, kernel: at.LoadedKernel) -> dict:
+def op_tensors(op: str, kernel: at.LoadedKernel) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The custom op's arguments for the kernel's workload (qmatmul's differ from the reference order)."""
+    tensors = kernel.template.inputs(kernel.workload, 0)
+    if op == "qmatmul":
+        from search_spaces.qmatmul.torch_op import op_arguments
+
+        return op_arguments(kernel.workload, tensors)
+    return tuple(tensors), {}
+
+
+def contenders(op: str, kernel: at.LoadedKernel) -> dict[str, Callable[[], Any]]:
     template, w = kernel.template, kernel.workload
     tensors = template.inputs(w, 0)
     args, _ = kernel.arguments(*tensors)
     custom = getattr(torch.ops.autotune, op).default
+    targs, kwargs = op_tensors(op, kernel)
     if op == "embedding_bag":
         weight, idx, off = tensors
         torch_path = lambda: F.embedding_bag(idx, weight, off, mode="sum")  # noqa: E731
     else:
         torch_path = lambda: template.reference(w, *tensors)  # noqa: E731
+    unchecked = lambda: custom(*targs, **kwargs, validate=False)  # noqa: E731
+    checked = lambda: custom(*targs, **kwargs)  # noqa: E731
     return {
-        "TVM function, ready arguments": lambda: kernel.func(*args),
+        RAW: lambda: kernel.func(*args),
         "loaded kernel (args + output)": lambda: kernel(*tensors),
-        "custom op, validate=False": lambda: custom(*tensors, validate=False),
-        "  the same in inference_mode": lambda: inference(custom, tensors),
-        "custom op, validate=True": lambda: custom(*tensors),
+        "custom op, validate=False": unchecked,
+        "custom op, validate=False, inference": Inference(unchecked),
+        "custom op, validate=True": checked,
+        "custom op, validate=True, inference": Inference(checked),
         "PyTorch": torch_path,
     }
+
+
+def timed(fns: dict[str, Callable[[], Any]], rounds: int, seconds: float) -> dict[str, float]:
+    """Median over `rounds` of each contender's median call time, in us; contenders interleaved per round."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if isinstance(fn, Inference):
+                with torch.inference_mode():
+                    times[name].append(median_seconds(fn.fn, seconds))
+            else:
+                times[name].append(median_seconds(fn, seconds))
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+
+def overhead(pkg: at.Package, rounds: int) -> None:
+    for op, fields in WORKLOADS.items():
+        w = search_spaces.get(op).Workload(**fields)
+        kernel = next(k for k in pkg.kernels if k.op == op and k.workload == w)
+        med = timed(contenders(op, kernel), rounds, 0.2)
+        base = med[RAW]
+        print(f"{op} {fields}")
+        for name, us in med.items():
+            print(f"  {name:<38s} {us:8.1f} us   (+{us - base:6.1f})")
+
+
+def one_hot(pkg: at.Package, rounds: int) -> None:
+    """The issue's one-hot shape: the op (validation on) must be at least as fast as F.embedding_bag."""
+    w = search_spaces.get("embedding_bag").Workload(**ONE_HOT)
+    kernel = next((k for k in pkg.kernels if k.op == "embedding_bag" and k.workload.rows == w.rows
+                   and k.workload.dim == w.dim and k.workload.pooling == w.pooling), None)
+    if kernel is None:
+        print(f"one-hot: no embedding_bag kernel for {ONE_HOT} in the package")
+        return
+    weight, idx, off = kernel.template.inputs(w, 0)
+    custom = torch.ops.autotune.embedding_bag.default
+    fns = {
+        "F.embedding_bag": lambda: F.embedding_bag(idx, weight, off, mode="sum"),
+        "custom op, validate=True": lambda: custom(weight, idx, off),
+        "custom op, validate=True, inference": Inference(lambda: custom(weight, idx, off)),
+        "custom op, validate=False": lambda: custom(weight, idx, off, validate=False),
+        "loaded kernel (args + output)": lambda: kernel(weight, idx, off),
+    }
+    med = timed(fns, rounds, 0.3)
+    base = med["F.embedding_bag"]
+    print(f"one-hot embedding_bag {ONE_HOT} (torch threads {torch.get_num_threads()}, config "
+          f"{kernel.config.key()})")
+    for name, us in med.items():
+        print(f"  {name:<38s} {us:8.1f} us   {base / us:5.2f}x F.embedding_bag")
 
 
 def main() -> None:
@@ -61,26 +137,16 @@ def main() -> None:
     p.add_argument("--package", help="a package with kernels for the workloads above (default: build one)")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    torch.set_num_threads(1)  # small inputs: the figure is the fixed cost, not parallel speed
     pkg_dir = args.package
     if pkg_dir is None:
         pkg_dir = tempfile.mkdtemp(prefix="autotune-overhead-")
         tasks = [make_task(op, "cpu", **fields) for op, fields in WORKLOADS.items()]
+        tasks.append(make_task("embedding_bag", "cpu", **ONE_HOT))
         export([t.record(t.space.default(), costs=(0.0,)) for t in tasks], pkg_dir)
     pkg = at.load(pkg_dir)
-    for op, fields in WORKLOADS.items():
-        w = search_spaces.get(op).Workload(**fields)
-        kernel = next(k for k in pkg.kernels if k.op == op and k.workload == w)
-        fns = contenders(op, kernel)
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                times[name].append(median_seconds(fn, 0.2))
-        med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
-        base = med["TVM function, ready arguments"]
-        print(f"{op} {fields}")
-        for name, us in med.items():
-            print(f"  {name:<32s} {us:8.1f} us   (+{us - base:6.1f})")
+    one_hot(pkg, args.rounds)  # at the process's thread settings, as a model would run it
+    torch.set_num_threads(1)  # small inputs: the figure is the fixed cost, not parallel speed
+    overhead(pkg, args.rounds)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ template <class T> static T emu_shfl(const char* op, unsigned mask, T v, int b, 
   int segmask = (32 - width) & 31, minLane = lane & segmask;
   int maxLane = minLane | ((mode == 1 ? 0 : 31) & ~segmask), j = lane;
   bool in_range = true;
-  if (mode == 0) { j = minLane | (b & ~segmask); in_range = j <= maxLane; }            // idx
+  if (mode == 0) { j = minLane | (b & 31 & ~segmask); in_range = j <= maxLane; }       // idx: b[4:0], as PTX
   else if (mode == 1) { j = lane - b; in_range = j >= maxLane; }                       // up
   else if (mode == 2) { j = lane + b; in_range = j <= maxLane; }                       // down
   else { j = lane ^ b; in_range = j <= maxLane; }                                      // bfly (xor)

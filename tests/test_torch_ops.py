@@ -265,15 +265,14 @@ def test_other_ops_reject_bad_inputs():
         INTER(torch.randn(4, 8), torch.randn(4, 3, 8, dtype=torch.float64))
 
 
-def test_validate_false_skips_the_checks(pkg, monkeypatch):
-    def fail(*args):
-        raise AssertionError("validated")
-
-    monkeypatch.setattr(eb_op, "_index_facts", fail)  # the check's data pass
-    weight, (idx, off) = torch.randn(50, 8), bags(6)
-    torch.testing.assert_close(EB(weight, idx, off, validate=False), F.embedding_bag(idx, weight, off, mode="sum"))
-    with pytest.raises(AssertionError, match="validated"):
-        EB(weight, idx, off)
+def test_validate_false_skips_the_checks(pkg):
+    """x float64 and ly float32: the check refuses them; without it PyTorch's implementation runs (promoting)."""
+    x, ly = torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 3, 8)
+    with pytest.raises(TypeError, match="one dtype"):
+        INTER(x, ly)
+    with pytest.warns(at.NoTunedKernelWarning, match="float64"):
+        out = INTER(x, ly, False, False)
+    torch.testing.assert_close(out, dot_interaction(x, ly.double(), False))
 
 
 def test_index_facts_on_device_match_the_cpu_path():
@@ -349,6 +348,91 @@ def test_interaction_backward_matches_autograd_of_the_reference(pkg, self_intera
     want = torch.autograd.grad(ref, (x, ly), grad)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+# ---- the dispatch: one crossing into Python, modes and gradients honoured --------------------------------
+def test_a_call_needing_no_gradient_runs_the_kernel_in_grad_mode_without_an_autograd_node(pkg):
+    x, ly = torch.randn(5, 8), torch.randn(5, 3, 8)
+    with _errors_on_fallback():
+        out = INTER(x, ly)
+        with torch.no_grad():
+            INTER(x.requires_grad_(), ly)
+    assert out.grad_fn is None and not out.requires_grad and calls(pkg, "interaction") == 2
+    grad = INTER(x, ly)  # x requires grad: the autograd way, still on the kernel
+    assert grad.grad_fn is not None and calls(pkg, "interaction") == 3
+
+
+def test_dispatch_modes_and_fake_tensors_see_the_op_and_the_kernel_does_not_run(pkg):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, ly = torch.randn(5, 8), torch.randn(5, 3, 8)
+    with Record() as mode:
+        torch.testing.assert_close(INTER(x, ly), dot_interaction(x, ly, False), rtol=1e-5, atol=1e-5)
+    assert torch.ops.autotune.interaction.default in mode.ops and calls(pkg, "interaction") == 1
+    with FakeTensorMode() as fake_mode:
+        out = INTER(fake_mode.from_tensor(x), fake_mode.from_tensor(ly))
+    assert out.shape == (5, 8 + 6) and calls(pkg, "interaction") == 1
+
+
+def test_backward_through_an_op_without_a_backward_raises(pkg):
+    a, wq, a_s, w_s, bias = qmm_inputs(8)
+    out = QMM(a, wq, a_s, w_s, bias.requires_grad_())
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_the_fallback_warning_points_at_the_callers_line(inference):
+    at.unload_all()
+    x, ly = torch.randn(2, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as seen, (torch.inference_mode() if inference else torch.enable_grad()):
+        warnings.simplefilter("always")
+        at.ops._WARNED.clear()
+        INTER(x, ly, True)
+    (w,) = [w for w in seen if issubclass(w.category, at.NoTunedKernelWarning)]
+    assert w.filename == __file__, (w.filename, w.lineno)
+
+
+def test_tuple_returning_ops_work_eager_compiled_and_under_opcheck():
+    """quantize_rows returns (int8, scale): its schema, fake and autograd registration, without a kernel."""
+    at.unload_all()
+    x = torch.randn(6, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.NoTunedKernelWarning)
+        q, scale = torch.ops.autotune.quantize_rows(x)
+        cq, cscale = torch.compile(torch.ops.autotune.quantize_rows.default, fullgraph=True)(x)
+        torch.library.opcheck(torch.ops.autotune.quantize_rows.default, (x,))
+    assert q.dtype == torch.int8 and scale.shape == (6,)
+    assert torch.equal(cq, q) and torch.equal(cscale, scale)
+
+
+def test_two_weights_sharing_a_kernel_are_packed_once_each(pkg, monkeypatch):
+    template = search_spaces.get("qmatmul")
+    packed = []
+    real = template.pack
+    monkeypatch.setattr(template, "pack", lambda w, cfg, weight: packed.append(weight) or real(w, cfg, weight))
+    layers = [at.QuantLinear.from_float(nn.Linear(32, 16)) for _ in range(2)]
+    x = torch.randn(8, 32)
+    with _errors_on_fallback(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.NoTunedKernelWarning)  # quantize_rows has no kernel here
+        warnings.filterwarnings("error", "autotune.qmatmul", at.NoTunedKernelWarning)
+        for _ in range(3):
+            for layer in layers:
+                layer(x)
+    assert len(packed) == 2 and calls(pkg, "qmatmul", m=8) == 6
+    layers[0].weight.add_(1)  # in place: packed again
+    layers[0](x)
+    assert len(packed) == 3
 
 
 # ---- QuantLinear, loading, optimize ------------------------------------------------------------------------------
@@ -516,4 +600,5 @@ def test_each_bindings_cases_are_calls_its_kernel_serves(op):
         route = binding.route(*args, **kwargs)
         assert route.signature == binding.compiled(w) and route.size >= 1, name
         out, fake = binding.op(*args, **kwargs), binding.fake(*args, **kwargs)
-        assert (out.shape, out.dtype) == (fake.shape, fake.dtype), name
+        outs, fakes = (out, fake) if isinstance(out, tuple) else ((out,), (fake,))
+        assert [(o.shape, o.dtype) for o in outs] == [(f.shape, f.dtype) for f in fakes], name

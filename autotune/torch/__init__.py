@@ -14,17 +14,19 @@ call if set. Kernels need TVM's runtime only (tvm_ffi and the package's libtvm_r
 
 from __future__ import annotations
 
+from . import threads  # noqa: F401  TVM thread-pool defaults, set before any kernel starts the pool
 from . import ops
 from .ops import BINDINGS, IndexOutOfRange, InvalidDtype, InvalidInput, NoTunedKernelWarning
 from .optimize import OptimizeReport, optimize
 from .registry import REGISTRY, LoadedKernel, Package, load, load_default
+from .tune_model import TuneModelReport, tune_model
 
 EXPORTS: dict[str, object] = {name: value for b in BINDINGS.values() for name, value in b.exports}
 globals().update(EXPORTS)  # at.EmbeddingBag, at.quantize_rows, ...: declared by the operators' bindings
 
 __all__ = sorted(["IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKernel", "NoTunedKernelWarning",
-                  "OptimizeReport", "Package", "REGISTRY", "load", "load_default", "ops", "optimize",
-                  "unload_all", *EXPORTS])
+                  "OptimizeReport", "Package", "REGISTRY", "TuneModelReport", "load", "load_default", "ops",
+                  "optimize", "tune_model", "unload_all", *EXPORTS])
 
 
 def unload_all() -> None:

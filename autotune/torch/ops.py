@@ -1,16 +1,27 @@
-"""`torch.ops.autotune.<NAME>`: one PyTorch custom operator per template that declares a `TorchBinding`.
+"""`torch.ops.autotune.<NAME>`: one PyTorch operator per template that declares a `TorchBinding`.
 
 Nothing here knows an operator: each template's binding (search_spaces/<op>/torch_op.py) gives the op's
 signature and PyTorch implementation, its fake (meta) implementation, its checks, how a call is routed to
-kernels and how chunks of kernels run it, and its backward. This module turns that into a
-`torch.library.custom_op`, so the op works in eager mode and as one opaque node under
-`torch.compile(fullgraph=True)`, with one dispatch for all:
+kernels and how chunks of kernels run it, and its backward. This module turns that into an operator of the
+`autotune` library (`torch.library.Library`: schema inferred from the binding's `op`), so it works in eager
+mode, in `torch.inference_mode` and as one opaque node under `torch.compile(fullgraph=True)`, with one dispatch
+for all:
 
     validate -> binding.check; binding.route -> Route(signature, size) or why PyTorch must run;
     REGISTRY.plan(op, device, signature, size) (cached) -> binding.run(chunks, *args), or PyTorch's
     implementation with one `NoTunedKernelWarning` per (op, device, signature, reason).
 
-Tensors reach the kernel through DLPack, without copies; on a GPU the kernel runs on PyTorch's current stream.
+Why not `torch.library.custom_op`: its Python layers cost ~16 us a call (6.5 us in inference mode), more than
+a small kernel. Here a call crosses from the dispatcher into Python once:
+  - the dispatch above is the kernel at the "CPU" and "CUDA" keys ("CompositeExplicitAutograd" serves other
+    devices, which run PyTorch's implementation), and `torch.library.register_fake` gives the meta/fake one;
+  - every op has a kernel at the "Autograd" key (`_autograd`): when no gradient is needed and the call holds
+    plain CPU or CUDA tensors, it runs the dispatch itself, so grad mode costs what inference mode does; else
+    (gradients, fake or functional tensors, dispatch modes) it takes the way `torch.library.register_autograd`
+    takes, redispatching below autograd. An op whose binding has no backward raises on backward, as before.
+
+Tensors reach the kernel as they are: tvm_ffi converts torch tensors through DLPack's C exchange API, without
+copies (about 0.2 us a tensor); on a GPU the kernel runs on PyTorch's current stream.
 Errors are both the Python exception that says what is wrong (TypeError, ValueError, IndexError) and a
 RuntimeError, which is what PyTorch raises for the same inputs (search_spaces.template's error classes).
 """
@@ -18,18 +29,26 @@ RuntimeError, which is what PyTorch raises for the same inputs (search_spaces.te
 from __future__ import annotations
 
 import inspect
+import os
+import sys
 import threading
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch._C import DispatchKey, DispatchKeySet
+from torch._library.autograd import make_autograd_impl
 
 import search_spaces
 from search_spaces.template import IndexOutOfRange, InvalidDtype, InvalidInput, Route, TorchBinding
 
 from .registry import REGISTRY, device_key, load_default
 
-__all__ = ["BINDINGS", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "NoTunedKernelWarning", "register"]
+__all__ = ["BINDINGS", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "LIBRARY", "NoTunedKernelWarning",
+           "register"]
+
+LIBRARY = torch.library.Library("autotune", "FRAGMENT")  # holds every registration: kept for the process
 
 
 class NoTunedKernelWarning(UserWarning):
@@ -38,6 +57,15 @@ class NoTunedKernelWarning(UserWarning):
 
 _WARNED: set[tuple[Any, ...]] = set()
 _WARN_LOCK = threading.Lock()
+_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(__file__))  # frames a warning skips
+
+
+def _caller_level() -> int:
+    """`stacklevel` of the first frame outside torch and this package: the user's call of the op."""
+    frame, level = sys._getframe(2), 2  # _fallback's caller (stacklevel 1 is _fallback)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _fallback(op: str, device: str, signature: Any, why: str) -> None:
@@ -48,14 +76,17 @@ def _fallback(op: str, device: str, signature: Any, why: str) -> None:
         if key in _WARNED:
             return
         _WARNED.add(key)
-    warnings.warn(f"autotune.{op}: {why}; running PyTorch's implementation", NoTunedKernelWarning, stacklevel=4)
+    warnings.warn(f"autotune.{op}: {why}; running PyTorch's implementation", NoTunedKernelWarning,
+                  stacklevel=_caller_level())
 
 
 BINDINGS: dict[str, TorchBinding] = {}  # NAME -> binding of every registered op
 
 
-def _dispatch(name: str, b: TorchBinding) -> Callable[..., Any]:
-    """The custom op's implementation: everything per op is looked up here, once, not per call."""
+def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., Any]:
+    """The op's implementation at one dispatch key: everything per op is looked up here, once, not per call.
+
+    `device` is the kernel device when the key names it ("cpu"); None reads it from the call's first tensor."""
     params = list(inspect.signature(b.op).parameters.values())
     if not params or params[-1].name != "validate":
         raise TypeError(f"{name}: a TorchBinding's op must end with `validate: bool = True`")
@@ -71,12 +102,12 @@ def _dispatch(name: str, b: TorchBinding) -> Callable[..., Any]:
             check(*args)
         r = route(*args)
         if r.__class__ is not Route:
-            _fallback(name, device_key(args[device_arg].device), None, r)
+            _fallback(name, device or device_key(args[device_arg].device), None, r)
             return fallback(*args)
         if r.size < 1:  # nothing for a kernel to do: not worth one (nor a warning)
             return fallback(*args)
         load_default()
-        dev = device_key(args[device_arg].device)
+        dev = device or device_key(args[device_arg].device)
         chunks = plan(name, dev, r.signature, r.size)
         if chunks is None:
             _fallback(name, dev, r.signature, f"no loaded kernel for {describe(r.signature)} on {dev}")
@@ -85,6 +116,39 @@ def _dispatch(name: str, b: TorchBinding) -> Callable[..., Any]:
 
     impl.__doc__ = b.op.__doc__
     return impl
+
+
+@dataclass
+class _Backward:
+    """What torch's autograd wrapper reads (`torch.library.register_autograd` keeps the same two fields)."""
+
+    _backward_fn: Callable[..., Any] | None
+    _setup_context_fn: Callable[..., Any] | None
+
+
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_PLAIN = {DispatchKeySet(DispatchKey.CPU).raw_repr(): "cpu", DispatchKeySet(DispatchKey.CUDA).raw_repr(): "cuda"}
+
+
+def _autograd(op: Any, b: TorchBinding, direct: dict[str, Callable[..., Any]]) -> Callable[..., Any]:
+    """The op's kernel at the Autograd key: the dispatch itself (`direct[device]`) when no gradient is needed and
+    nothing but the dense CPU or CUDA key lies below autograd; else torch's own autograd wrapper (an
+    autograd.Function around the op redispatched below autograd), which raises on backward if `b` has none."""
+    slow = make_autograd_impl(op, _Backward(b.backward, b.setup_context))
+    plain: dict[int, Callable[..., Any] | None] = {}  # raw keyset -> the direct dispatch, or None
+    grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        raw = keyset.raw_repr()
+        try:
+            impl = plain[raw]
+        except KeyError:
+            impl = plain.setdefault(raw, direct.get(_PLAIN.get((keyset & _AFTER_AUTOGRAD).raw_repr(), "")))
+        if impl is not None and not (grad_enabled() and any_requires_grad(*args)):
+            return impl(*args)
+        return slow(keyset, *args)
+
+    return kernel
 
 
 def register(template: Any) -> TorchBinding | None:
@@ -99,10 +163,14 @@ def register(template: Any) -> TorchBinding | None:
     if b is None:
         return None
     schema = torch.library.infer_schema(b.op, mutates_args=())
-    op = torch.library.custom_op(f"autotune::{name}", _dispatch(name, b), mutates_args=(), schema=schema)
-    op.register_fake(b.fake)
-    if b.backward is not None:
-        op.register_autograd(b.backward, setup_context=b.setup_context)
+    LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    direct = {"cpu": _dispatch(name, b, "cpu"), "cuda": _dispatch(name, b, None)}
+    LIBRARY.impl(name, direct["cpu"], "CPU")
+    LIBRARY.impl(name, direct["cuda"], "CUDA")
+    LIBRARY.impl(name, _dispatch(name, b, None), "CompositeExplicitAutograd")  # other devices: PyTorch's
+    torch.library.register_fake(f"autotune::{name}", b.fake, lib=LIBRARY)
+    op = getattr(torch.ops.autotune, name).default
+    LIBRARY.impl(name, _autograd(op, b, direct), "Autograd", with_keyset=True)
     BINDINGS[name] = b
     return b
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 
 
-from ..template import by_device
+from ..template import GraphRule, by_device
 from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
+from .workload import after_call  # raises what the kernel flagged (an index, bag or table out of bounds)
 
 NAME = "batched_embedding_bag"
 DOC = ("table-batched embedding_bag (FBGEMM TBE, DLRM's 26 tables): T tables concatenated, one launch, "
@@ -33,12 +34,22 @@ TEST_SHAPE = "rows=50+7+300,dim=16,batch=9,pooling=0-6"
 WEIGHTS: tuple[int, ...] = ()  # nothing to pack: rows are gathered from the concatenated tables as they are
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "torch_binding", "traffic"]
 
 
 space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
 
 
-def torch_binding() -> None:
-    """No torch op yet: models call it through autotune.kernel."""
-    return None
+def torch_binding() -> "TorchBinding":
+    """`torch.ops.autotune.batched_embedding_bag` (torch_op.py, imports torch)."""
+    from .torch_op import BINDING
+
+    return BINDING
+
+
+def graph_rules() -> tuple[GraphRule, ...]:
+    """How the operator is found in a captured PyTorch graph (graph.py, imports torch; tune_model reads it)."""
+    from .graph import RULES
+
+    return RULES

@@ -3,6 +3,12 @@
 As in `embedding_bag`, each (table, bag) pair is an opaque block whose reduction runs over
 `offsets[g]..offsets[g+1]`, accumulated in a small local buffer and written once. The number of tables, the
 dimension, mode and index dtype are compiled in; batch, table sizes and bag sizes are runtime values.
+
+Bounds are checked in the kernel, as embedding_bag's are (`embedding_bag.kernel`): every index against its own
+table's rows, the offsets and the table offsets as boundaries (on the CPU by a pass over them before the
+gather, which runs only if both are well formed; on a GPU per bag, where a bad bag or table pools nothing). A
+bad index is not read (CPU: a guarded load; GPU: its table's first row is loaded in its place and masked) and
+sets the error flag, the kernel's last argument.
 """
 
 from __future__ import annotations
@@ -10,20 +16,27 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..embedding_bag.kernel import prefetcher
+from ..embedding_bag.kernel import (bag_length, bag_ok, boundaries_checker, flag_where, in_range, index_alignment,
+                                    prefetcher)
+from ..embedding_bag.workload import INDEX_ERROR, OFFSETS_ERROR, TABLE_OFFSETS_ERROR
 from ..space import InvalidConfig
 from .workload import Workload
 
+NEG_INF_BITS = -8388608  # 0xff800000: -inf as an int32 bit pattern
 
-def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: bool = False, stage: int = 0) -> Any:
+
+def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: bool = False, stage: int = 0,
+            branch: bool = False) -> Any:
     """The table-batched ragged embedding bag as TVMScript.
 
     `prefetch` rows ahead are prefetched (0: none; CPU); `direct` (sum only) accumulates into the output
-    instead of a local buffer. `stage` > 0 (GPU) walks each bag `stage` rows per step: the step first gathers
-    its rows into registers, then pools them. The bag's loop is rounded up to whole steps, the extra rows
-    re-reading the bag's last row (a cache hit) and pooling as nothing, so no load sits under a per-row
-    branch: with a guarded unrolled loop nvcc keeps one row load in flight per thread (seen in the SASS), with
-    the unguarded stage it overlaps the next rows' loads with the adds.
+    instead of a local buffer; `branch` (CPU) puts a row's loads and adds under one branch on its index rather
+    than guarding each load (faster where the row loop is unrolled: see `embedding_bag.cpu.compute`). `stage`
+    > 0 (GPU) walks each bag `stage` rows per step: the step first gathers its rows into registers, then pools
+    them. The bag's loop is rounded up to whole steps, the extra rows re-reading the bag's last row (a cache
+    hit) and pooling as nothing, so no load sits under a per-row branch: with a guarded unrolled loop nvcc
+    keeps one row load in flight per thread (seen in the SASS), with the unguarded stage it overlaps the next
+    rows' loads with the adds.
     """
     import tvm
     from tvm.script import tirx as T
@@ -31,31 +44,67 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     if direct and w.mode != "sum":
         raise InvalidConfig("accumulating in the output is only possible for mode=sum")
     D, NT, idt, mode, U = w.dim, w.tables, w.index_dtype, w.mode, max(stage, 1)
+    gpu = stage > 0
+    ialign = index_alignment(idt)
     identity = -math.inf if mode == "max" else 0.0
     i64 = "int64"
     prefetch_row = prefetcher(prefetch_lines)
+    flag_if = flag_where()
+    check_boundaries = boundaries_checker()
 
     def start(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
         return T.Cast(i64, Off[vt * NB + vb])
 
-    def count(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
-        return T.Cast(i64, Off[vt * NB + vb + 1]) - T.Cast(i64, Off[vt * NB + vb])
+    def end(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
+        return T.Cast(i64, Off[vt * NB + vb + 1])
 
-    def steps(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
-        return T.floordiv(count(Off, vt, vb, NB) + (U - 1), U)
+    def table_ok(TO: Any, vt: Any, R: Any) -> Any:
+        return bag_ok(TO[vt], TO[vt + 1], R)  # 0 <= first row <= end row <= R
+
+    def rows_of(TO: Any, vt: Any) -> Any:
+        return TO[vt + 1] - TO[vt]
+
+    def count(TO: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any) -> Any:
+        """The bag's rows to pool. CPU: as the offsets say (checked before the gather). GPU: none for a bag
+        outside the indices or of a bad or empty table (no row to load in place of a bad index)."""
+        if not gpu:
+            return end(Off, vt, vb, NB) - start(Off, vt, vb, NB)
+        usable = T.And(table_ok(TO, vt, R), rows_of(TO, vt) > T.int64(0))
+        return T.Select(usable, bag_length(start(Off, vt, vb, NB), end(Off, vt, vb, NB), NNZ), T.int64(0))
+
+    def steps(TO: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any) -> Any:
+        return T.floordiv(count(TO, Off, vt, vb, NB, NNZ, R) + (U - 1), U)
+
+    def index(I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any) -> Any:
+        return T.Cast(i64, I[start(Off, vt, vb, NB) + vl])
 
     def row(W: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any, vd: Any) -> Any:
-        return W[TO[vt] + T.Cast(i64, I[start(Off, vt, vb, NB) + vl]), vd]
+        """Element vd of the bag's vl-th row, a guarded load: an index out of its table is never read."""
+        idx = index(I, Off, vt, vb, NB, vl)
+        if branch:  # the branch around the row guards it
+            return W[TO[vt] + idx, vd]
+        return T.if_then_else(in_range(idx, rows_of(TO, vt)), W[TO[vt] + idx, vd], T.float32(identity))
 
-    def staged_row(W: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any, vd: Any) -> Any:
-        """Element vd of the bag's vl-th row; past the end, of its last row, pooling as nothing."""
-        last = T.Cast(i64, Off[vt * NB + vb + 1]) - 1
-        value = W[TO[vt] + T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + vl, last)]), vd]
-        if mode == "max":
-            return value  # re-pooling the last row changes no maximum
-        # masked to +0.0 bit by bit: the load stays unconditional (an if_then_else would put it under a
-        # branch) and no inf or NaN of the repeated row leaks in (as value * 0 would)
-        keep = T.Select(vl < count(Off, vt, vb, NB), T.int32(-1), T.int32(0))
+    def staged_index(TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any, vl: Any) -> Any:
+        """The bag's vl-th index; past the end, its last one."""
+        last = start(Off, vt, vb, NB) + count(TO, Off, vt, vb, NB, NNZ, R) - 1
+        return T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + vl, last)])
+
+    def staged_row(W: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any, vl: Any,
+                   vd: Any) -> Any:
+        """Element vd of the bag's vl-th row; past the end, of its last row, pooling as nothing; for an index out
+        of its table, of the table's first row, pooling as nothing."""
+        idx = staged_index(TO, I, Off, vt, vb, NB, NNZ, R, vl)
+        ok = in_range(idx, rows_of(TO, vt))
+        value = W[TO[vt] + T.Select(ok, idx, T.int64(0)), vd]
+        # masked bit by bit: the load stays unconditional (an if_then_else would put it under a branch) and no
+        # inf or NaN of the repeated row leaks in (as value * 0 would)
+        if mode == "max":  # re-pooling the last row changes no maximum; a bad index's row pools as -inf
+            keep = T.Select(ok, T.int32(-1), T.int32(0))
+            return T.reinterpret("float32", T.bitwise_or(
+                T.bitwise_and(T.reinterpret("int32", value), keep),
+                T.bitwise_and(T.bitwise_not(keep), T.int32(NEG_INF_BITS))))
+        keep = T.Select(T.And(vl < count(TO, Off, vt, vb, NB, NNZ, R), ok), T.int32(-1), T.int32(0))
         return T.reinterpret("float32", T.bitwise_and(T.reinterpret("int32", value), keep))
 
     def combine(acc: Any, value: Any) -> Any:
@@ -69,76 +118,122 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
         return acc
 
     @T.macro
-    def pool(W, TO, I, Off, A, O, vt, vb, NB, NNZ, R):
+    def check_bag(TO, Off, Flag, vt, vb, NB, NNZ, R):
+        """GPU: flag a bag outside the indices (or a first bag not at 0), a bad table, or indices into an empty
+        one (the bag's count is then 0: it pools nothing)."""
+        flag_if(Flag, T.Or(not bag_ok(start(Off, vt, vb, NB), end(Off, vt, vb, NB), NNZ),
+                           T.And(vt * NB + vb == 0, start(Off, vt, vb, NB) != T.int64(0))), OFFSETS_ERROR)
+        flag_if(Flag, T.Or(not table_ok(TO, vt, R), T.And(vt == 0, TO[0] != T.int64(0))), TABLE_OFFSETS_ERROR)
+        flag_if(Flag, T.And(rows_of(TO, vt) == T.int64(0),
+                            bag_length(start(Off, vt, vb, NB), end(Off, vt, vb, NB), NNZ) > T.int64(0)), INDEX_ERROR)
+
+    @T.macro
+    def add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R):
+        for d in range(D):
+            with T.sblock("acc"):
+                vl = T.axis.reduce(count(TO, Off, vt, vb, NB, NNZ, R), l)
+                vd = T.axis.spatial(D, d)
+                if direct:
+                    with T.init():
+                        O[vb, vt * D + vd] = T.float32(identity)
+                    O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+                else:
+                    with T.init():
+                        A[vd] = T.float32(identity)
+                    A[vd] = combine(A[vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+
+    @T.macro
+    def pool(W, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R):
         """Reduce bag (vt, vb)'s rows into A[0:D] (or straight into its output row when `direct`)."""
-        for l in range(count(Off, vt, vb, NB)):
+        for l in range(count(TO, Off, vt, vb, NB, NNZ, R)):
             if prefetch > 0:
                 # clamped, not guarded: no branch in the loop; the tail re-prefetches the last row. Near a table's
                 # end the guess uses this table's base: a wasted prefetch, never a fault.
                 prefetch_row(W, T.min(TO[vt] + T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + l + prefetch, NNZ - 1)]),
                                       R - 1))
-            for d in range(D):
-                with T.sblock("acc"):
-                    vl = T.axis.reduce(count(Off, vt, vb, NB), l)
-                    vd = T.axis.spatial(D, d)
-                    if direct:
-                        with T.init():
-                            O[vb, vt * D + vd] = T.float32(identity)
-                        O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
-                    else:
-                        with T.init():
-                            A[vd] = T.float32(identity)
-                        A[vd] = combine(A[vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+            if branch:
+                if in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)):
+                    add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
+                else:
+                    flag_if(Flag, True, INDEX_ERROR)
+            else:
+                flag_if(Flag, not in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)), INDEX_ERROR)
+                add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
 
     @T.macro
-    def pool_staged(W, TO, I, Off, A, G, vt, vb, NB):
+    def pool_staged(W, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R):
         """Reduce bag (vt, vb)'s rows into A[0:D], U rows per step through the stage G[0:U, 0:D]."""
-        for s in range(steps(Off, vt, vb, NB)):
+        for s in range(steps(TO, Off, vt, vb, NB, NNZ, R)):
+            for u in range(U):
+                with T.sblock("check"):
+                    vs = T.axis.opaque(steps(TO, Off, vt, vb, NB, NNZ, R), s)
+                    vu = T.axis.opaque(U, u)
+                    T.reads()
+                    T.writes(Flag[0])
+                    if not in_range(staged_index(TO, I, Off, vt, vb, NB, NNZ, R, vs * U + vu), rows_of(TO, vt)):
+                        Flag[0] = T.bitwise_or(Flag[0], T.int32(INDEX_ERROR))
             for u, d in T.grid(U, D):
                 with T.sblock("gather"):
-                    vs = T.axis.spatial(steps(Off, vt, vb, NB), s)
+                    vs = T.axis.spatial(steps(TO, Off, vt, vb, NB, NNZ, R), s)
                     vu = T.axis.spatial(U, u)
                     vd = T.axis.spatial(D, d)
-                    G[vu, vd] = staged_row(W, TO, I, Off, vt, vb, NB, vs * U + vu, vd)
+                    G[vu, vd] = staged_row(W, TO, I, Off, vt, vb, NB, NNZ, R, vs * U + vu, vd)
             for u, d in T.grid(U, D):
                 with T.sblock("acc"):
-                    vs = T.axis.reduce(steps(Off, vt, vb, NB), s)
+                    vs = T.axis.reduce(steps(TO, Off, vt, vb, NB, NNZ, R), s)
                     vu = T.axis.reduce(U, u)
                     vd = T.axis.spatial(D, d)
                     with T.init():
                         A[vd] = T.float32(identity)
                     A[vd] = combine(A[vd], G[vu, vd])
 
+    @T.macro
+    def bags(W, TO, I, Off, O, Flag, NB, NNZ, R):
+        for t, b in T.grid(NT, NB):
+            with T.sblock("bag"):
+                vt = T.axis.spatial(NT, t)
+                vb = T.axis.spatial(NB, b)
+                T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:D])
+                T.writes(O[vb, vt * D:vt * D + D])  # and the flag (a benign race: not a region the schedule orders)
+                if gpu:
+                    check_bag(TO, Off, Flag, vt, vb, NB, NNZ, R)
+                if direct:
+                    pool(W, TO, I, Off, O, O, Flag, vt, vb, NB, NNZ, R)  # A unused: O stands in to type-check
+                else:
+                    A = T.sblock_alloc_buffer((D,), "float32", scope="local")
+                    if gpu:
+                        G = T.sblock_alloc_buffer((U, D), "float32", scope="local")
+                        pool_staged(W, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R)
+                    else:
+                        pool(W, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R)
+                    for d2 in range(D):
+                        with T.sblock("finalize"):
+                            vd2 = T.axis.spatial(D, d2)
+                            O[vb, vt * D + vd2] = finish(A[vd2], count(TO, Off, vt, vb, NB, NNZ, R))
+
     @T.prim_func(s_tir=True)
-    def main(w_: T.handle, toff: T.handle, ind: T.handle, off: T.handle, out: T.handle):
+    def main(w_: T.handle, toff: T.handle, ind: T.handle, off: T.handle, out: T.handle, flag: T.handle):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         R = T.int64()
         NNZ = T.int64()
         NB = T.int64()
         W = T.match_buffer(w_, (R, D), "float32")
-        TO = T.match_buffer(toff, (NT + 1,), "int64")
-        I = T.match_buffer(ind, (NNZ,), idt)
+        TO = T.match_buffer(toff, (NT + 1,), "int64", align=8)
+        I = T.match_buffer(ind, (NNZ,), idt, align=ialign)
         O = T.match_buffer(out, (NB, NT * D), "float32")
-        Off = T.match_buffer(off, (NT * NB + 1,), idt)
-        for t, b in T.grid(NT, NB):
-            with T.sblock("bag"):
-                vt = T.axis.spatial(NT, t)
-                vb = T.axis.spatial(NB, b)
-                T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt], I[0:NNZ], W[0:R, 0:D])
-                T.writes(O[vb, vt * D:vt * D + D])
-                if direct:
-                    pool(W, TO, I, Off, O, O, vt, vb, NB, NNZ, R)  # A unused: O stands in to type-check
-                else:
-                    A = T.sblock_alloc_buffer((D,), "float32", scope="local")
-                    if stage > 0:
-                        G = T.sblock_alloc_buffer((U, D), "float32", scope="local")
-                        pool_staged(W, TO, I, Off, A, G, vt, vb, NB)
-                    else:
-                        pool(W, TO, I, Off, A, O, vt, vb, NB, NNZ, R)
-                    for d2 in range(D):
-                        with T.sblock("finalize"):
-                            vd2 = T.axis.spatial(D, d2)
-                            O[vb, vt * D + vd2] = finish(A[vd2], count(Off, vt, vb, NB))
+        Off = T.match_buffer(off, (NT * NB + 1,), idt, align=ialign)
+        Flag = T.match_buffer(flag, (1,), "int32")
+        if gpu:
+            bags(W, TO, I, Off, O, Flag, NB, NNZ, R)
+        else:
+            check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
+            check_boundaries(Off, Flag, NT * NB + 1, NNZ, OFFSETS_ERROR)
+            if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
+                bags(W, TO, I, Off, O, Flag, NB, NNZ, R)
+            else:  # flagged: zeros, not whatever the output's memory held
+                for b, d in T.grid(NB, NT * D):
+                    with T.sblock("zero"):
+                        vb, vd = T.axis.remap("SS", [b, d])
+                        O[vb, vd] = T.float32(0)
 
     return tvm.IRModule({"main": main})
-

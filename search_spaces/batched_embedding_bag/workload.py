@@ -11,12 +11,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..embedding_bag.workload import (bag_offsets, boundaries, check_index_tensors, check_monotone, check_table,
-                                      check_tensors, first_out_of_range, gathered, needs, normalise_bag_fields,
-                                      pack, parse_pooling, row_indices, tolerance)
+                                      check_tensors, error_flag, first_out_of_range, flag_error, flagged, gathered,
+                                      needs, normalise_bag_fields, pack, parse_pooling, row_indices, tolerance)
 from ..template import IndexOutOfRange, InvalidDtype, Traffic, Workload as _Workload, WorkloadError
 
-__all__ = ["Workload", "baselines", "check_inputs", "inputs", "kernel_args", "pack", "parse_rows", "reference",
-           "tolerance", "traffic"]
+__all__ = ["Workload", "after_call", "baselines", "check_data", "check_inputs", "inputs", "kernel_args", "pack",
+           "parse_rows", "reference", "tolerance", "traffic"]
 
 
 def parse_rows(raw: str) -> tuple[int, ...]:
@@ -192,6 +192,12 @@ def check_inputs(w: Workload, weight: Any, table_offsets: Any, indices: Any, off
     check_index_tensors(_need, w.index_dtype, indices, offsets)
     _need(offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0,
           f"offsets must have tables x batch + 1 entries (tables = {w.tables}), got {offsets.numel()}")
+    check_data(w, weight, table_offsets, indices, offsets)
+
+
+def check_data(w: Workload, weight: Any, table_offsets: Any, indices: Any, offsets: Any) -> None:
+    """The checks of the data (what the kernels check themselves as they gather): table offsets from 0 to the
+    weight's rows, offsets from 0, non-decreasing, within the indices, and every index a row of its table."""
     check_monotone(_need, "table_offsets", table_offsets, weight.shape[0], "the weight's rows")
     _need(int(table_offsets[-1]) == weight.shape[0],
           f"table_offsets[-1] = {int(table_offsets[-1])} must equal the weight's {weight.shape[0]} rows")
@@ -218,11 +224,23 @@ def _check_index_range(table_offsets: Any, indices: Any, offsets: Any, batch: in
 
 def kernel_args(w: Workload, cfg: Any, packed: Sequence[Any], weight: Any, table_offsets: Any, indices: Any,
                 offsets: Any) -> tuple[Sequence[Any], Any]:
-    """The tables are read in place (no packed weights): arguments are the inputs plus a new output."""
+    """The tables are read in place (no packed weights): arguments are the inputs plus a new output, and the
+    error flag (embedding_bag's error_flag)."""
     import torch
 
     out = torch.empty(_batch_of(w, offsets), w.tables * w.dim, dtype=torch.float32, device=weight.device)
-    return [weight, table_offsets, indices, offsets, out], out
+    return [weight, table_offsets, indices, offsets, out, error_flag(weight.device)], out
+
+
+def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
+    """Raise what the kernel flagged (CPU only: see embedding_bag's error_flag), the message found by checking
+    the inputs again: a pass over them, but only once a call has failed."""
+    code = flagged(args[-1])
+    if code:
+        weight, table_offsets, indices, offsets = args[:4]
+        if offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
+            check_data(w, weight, table_offsets, indices, offsets)
+        raise flag_error(code, "batched_embedding_bag")
 
 
 def traffic(w: Workload, weight: Any, table_offsets: Any, indices: Any, offsets: Any) -> Traffic:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 
 
-from ..template import TorchBinding, by_device
+from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
+from .workload import after_call  # raises what the kernel flagged (an index or bag out of bounds)
 
 NAME = "embedding_bag"
 DOC = "torch.nn.functional.embedding_bag: ragged bags (offsets), sum/mean/max, per-sample weights, padding_idx"
@@ -21,7 +22,8 @@ TEST_SHAPE = "rows=50,dim=24,batch=13,pooling=0-7"
 WEIGHTS: tuple[int, ...] = ()  # nothing to pack: rows are gathered from the table as it is
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "torch_binding", "traffic"]
 
 
 space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
@@ -31,3 +33,10 @@ def torch_binding() -> TorchBinding:
     from .torch_op import BINDING
 
     return BINDING
+
+
+def graph_rules() -> tuple[GraphRule, ...]:
+    """How the operator is found in a captured PyTorch graph (graph.py, imports torch; tune_model reads it)."""
+    from .graph import RULES
+
+    return RULES

@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
-from .kernel import signature
-from .workload import Workload
+from .kernel import bag_length, bag_ok, flag_where, in_range, signature
+from .workload import INDEX_ERROR, OFFSETS_ERROR, Workload
 
 # ---- knobs (GPU_VECTOR, THREADS, GPU_UNROLL: shared with the table-batched kernel) ---------------------
 GPU_VECTOR = Choice("gpu_vector", (4, 2, 1), doc=(
@@ -114,6 +114,7 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
     identity = -math.inf if mode == "max" else 0.0
     shuffled = shuffle > 0
     per_lane = P // shuffle if shuffled else 1
+    flag_if = flag_where()
 
     def end_of(Off: Any, vb: Any, NB: Any, NNZ: Any) -> Any:
         if ilo:
@@ -146,7 +147,9 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
         return T.tvm_warp_shuffle(group_mask(vb), lanes[vj // shuffle], vj % shuffle, shuffle, warp)
 
     def valid(pos: Any, n: Any, row: Any) -> Any:
-        return T.And(pos < n, row != pad) if has_pad else pos < n  # padded rows count as absent
+        # inside the bag and the table (a row out of it is -1: see "row"); padded rows count as absent
+        inside = T.And(pos < n, row >= T.int64(0))
+        return T.And(inside, row != pad) if has_pad else inside
 
     def combine(acc: Any, value: Any) -> Any:
         return T.max(acc, value) if mode == "max" else acc + value
@@ -159,7 +162,7 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
         return acc
 
     @T.macro
-    def body(W, I, Off, PSW, O, NB, NNZ):
+    def body(W, I, Off, PSW, O, Flag, NB, NNZ):
         for b, t in T.grid(NB, G):
             with T.sblock("bag"):
                 vb, vt = T.axis.remap("SS", [b, t])
@@ -181,7 +184,12 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
                 if shuffled and weighted:
                     lane_psw = T.sblock_alloc_buffer((per_lane,), "float32", scope="local")
                 start = T.Cast(i64, Off[vb])
-                n = end_of(Off, vb, NB, NNZ) - start
+                end = end_of(Off, vb, NB, NNZ)
+                # checked in the kernel (kernel.py): a bag outside the indices, or any bag of an empty table (no
+                # row to read in place of a bad index), pools nothing, and the flag says so
+                flag_if(Flag, T.Or(not bag_ok(start, end, NNZ), T.And(vb == 0, start != T.int64(0))), OFFSETS_ERROR)
+                flag_if(Flag, T.And(W.shape[0] == 0, bag_length(start, end, NNZ) > 0), INDEX_ERROR)
+                n = T.Select(W.shape[0] > 0, bag_length(start, end, NNZ), T.int64(0))
                 if count_pads:
                     with T.sblock("count"):
                         cnt[0] = T.Cast("float32", n)
@@ -212,14 +220,20 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
                                         row[vji] = T.Cast(i64, read(I, start, n, at(vc, vjo, vji), T.Cast(idt, 0)))
                                         if weighted:
                                             scale[vji] = read(PSW, start, n, at(vc, vjo, vji), T.float32(0))
+                                    # a row out of the table is flagged and becomes -1: row 0 is loaded in its
+                                    # place and nothing is added (rows past the bag's end read index 0: in it)
+                                    if not in_range(row[vji], W.shape[0]):
+                                        Flag[0] = T.int32(INDEX_ERROR)
+                                    row[vji] = T.Select(in_range(row[vji], W.shape[0]), row[vji], T.int64(-1))
                                     if count_pads:
                                         cnt[0] = cnt[0] - T.Select(T.And(at(vc, vjo, vji) < n, row[vji] == pad),
                                                                    T.float32(1), T.float32(0))
                             for ji, k, v in T.grid(U, K, vec):
                                 with T.sblock("gather"):
-                                    # unconditional: rows past the bag's end read row 0 and are not added
+                                    # unconditional: rows past the bag's end, or out of the table, read row 0 and
+                                    # are not added
                                     vji, vk, vv = T.axis.remap("SSS", [ji, k, v])
-                                    val[vji, vk, vv] = W[row[vji], (vk * G + vt) * vec + vv]
+                                    val[vji, vk, vv] = W[T.max(row[vji], T.int64(0)), (vk * G + vt) * vec + vv]
                             for ji, k, v in T.grid(U, K, vec):
                                 with T.sblock("acc"):
                                     vc = T.axis.reduce(T.floordiv(n + T.int64(P - 1), T.int64(P)), c)

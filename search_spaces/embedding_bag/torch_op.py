@@ -30,6 +30,8 @@ def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_w
                   mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
                   validate: bool = True) -> Tensor:
     """F.embedding_bag(indices, weight, offsets, ...) with the weight first, as the kernels take it."""
+    if validate and mode == "max" and offsets.device.type == "cpu":
+        _check_ordered(offsets)  # the one data check PyTorch's CPU max mode lacks (CUDA inputs: `check`)
     return F.embedding_bag(indices, weight, offsets, mode=mode, per_sample_weights=per_sample_weights,
                            include_last_offset=include_last_offset, padding_idx=padding_idx)
 
@@ -37,7 +39,13 @@ def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_w
 def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
           mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
           validate: bool = True) -> None:
-    """What F.embedding_bag rejects (and what would make a kernel read out of bounds), as clear errors."""
+    """What F.embedding_bag rejects (and what would make a kernel read out of bounds), as clear errors.
+
+    On the CPU only the metadata is checked here (dtypes, shapes, devices, options: no pass over the data):
+    the kernels check every index and bag as they gather and `after_call` raises what they met, and PyTorch's
+    own implementation, where a call falls back to it, checks them itself (`embedding_bag` adds the check
+    PyTorch lacks). CUDA inputs are also checked here, on the host, before the call: reading a GPU kernel's
+    flag would wait for it (its kernels clamp what they read, so unchecked input stays inside the tensors)."""
     need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
     need(weight.dim() == 2, OP, f"weight must be 2-D (rows, dim), got shape {tuple(weight.shape)}")
     need(weight.is_floating_point(), OP, f"weight must be a floating-point tensor, got {weight.dtype}", InvalidDtype)
@@ -57,14 +65,35 @@ def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
         need(-rows <= padding_idx < rows, OP, f"padding_idx {padding_idx} is out of range for {rows} rows")
     need(offsets.numel() >= int(include_last_offset), OP,
          "offsets must hold at least one element with include_last_offset=True")
+    if indices.device.type != "cpu":
+        check_data(rows, indices, offsets)
+
+
+def check_data(rows: int, indices: Tensor, offsets: Tensor) -> None:
+    """F.embedding_bag's checks of the data: indices in [0, rows), offsets from 0, non-decreasing, within the
+    indices. One pass over each tensor; where one fails, another finds the first culprit for the message."""
     n = indices.numel()
     lo, hi, first, last, ordered = _index_facts(indices, offsets)
-    if n:
-        need(lo >= 0 and hi < rows, OP, f"indices must be in [0, {rows}), got values in [{lo}, {hi}]", IndexOutOfRange)
+    if n and not (lo >= 0 and hi < rows):
+        i = indices.detach().cpu().numpy()
+        k = int(np.flatnonzero((i < 0) | (i >= rows))[0])
+        need(False, OP, f"indices must be in [0, {rows}), got values in [{lo}, {hi}] (index {int(i[k])} at "
+             f"position {k})", IndexOutOfRange)
     if offsets.numel():
         need(first == 0, OP, f"offsets[0] must be 0 (the first bag starts at the first index), got {first}")
-        need(ordered, OP, "offsets must be non-decreasing")
+        if not ordered:
+            o = offsets.detach().cpu().numpy()
+            k = int(np.flatnonzero(o[1:] < o[:-1])[0])
+            need(False, OP, f"offsets must be non-decreasing, got offsets[{k + 1}] = {int(o[k + 1])} after "
+                 f"offsets[{k}] = {int(o[k])}")
         need(last <= n, OP, f"offsets[-1] = {last} exceeds the number of indices ({n})")
+
+
+def _check_ordered(offsets: Tensor) -> None:
+    """Offsets non-decreasing: F.embedding_bag checks it for sum and mean, not for max (a pass over the offsets
+    only, on PyTorch's path only: the kernels check their bags themselves)."""
+    o = offsets.detach().numpy()
+    need(bool((o[1:] >= o[:-1]).all()), OP, "offsets must be non-decreasing")
 
 
 def _index_facts(indices: Tensor, offsets: Tensor) -> tuple[int, int, int, int, bool]:

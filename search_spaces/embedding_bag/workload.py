@@ -8,14 +8,19 @@ a package of exported kernels runs without it.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+from ..template import IndexOutOfRange, InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
 
 MODES = ("sum", "mean", "max")
+# the bits of a kernel's error flag (its last argument: 1 int32, zero on entry): what it met, for after_call
+INDEX_ERROR = 1  # an index outside its table: not read, nothing added for it
+OFFSETS_ERROR = 2  # offsets not from 0, decreasing or past the indices: no bag read them (CPU: nothing was pooled)
+TABLE_OFFSETS_ERROR = 4  # batched: table_offsets not from 0, decreasing or past the weight's rows: likewise
 INDEX_DTYPES = ("int64", "int32")
 DISTRIBUTIONS = ("uniform", "zipf")
 
@@ -239,8 +244,9 @@ _need = needs("embedding_bag")
 def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> None:
     """Raise a clear error for tensors that would make the kernel read out of bounds or compute garbage: first
     what this workload's kernel needs (dtypes, dimension, options compiled in), then F.embedding_bag's own
-    semantics (the torch op's check: indices in range, well-formed offsets, per-sample weights' shape)."""
-    from .torch_op import check  # imports torch: not at module level
+    semantics (the torch op's check, and here also on the CPU the data checks the kernel makes itself: indices
+    in range, well-formed offsets), so that bad input never reaches the kernel."""
+    from .torch_op import check, check_data  # imports torch: not at module level
 
     tensors = {"weight": weight, "indices": indices, "offsets": offsets}
     if per_sample_weights is not None:
@@ -254,6 +260,8 @@ def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sampl
     else:
         _need(per_sample_weights is None, "this kernel was tuned without per_sample_weights")
     check(weight, indices, offsets, per_sample_weights, w.mode, w.include_last_offset, w.padding_idx)
+    if indices.device.type == "cpu":  # (check itself reads a GPU's indices)
+        check_data(weight.shape[0], indices, offsets)
 
 
 def pack(w: Any, cfg: Any, *weights: Any) -> tuple[Any, ...]:
@@ -264,10 +272,69 @@ def pack(w: Any, cfg: Any, *weights: Any) -> tuple[Any, ...]:
 def kernel_args(w: Workload, cfg: Any, packed: Sequence[Any], weight: Any, indices: Any, offsets: Any,
                 per_sample_weights: Any = None) -> tuple[Sequence[Any], Any]:
     """The table is read in place (no packed weights): arguments are the inputs plus a new output, allocated on
-    the inputs' device."""
+    the inputs' device, and the error flag (error_flag)."""
     import torch
 
     bags = offsets.numel() - (1 if w.include_last_offset else 0)
     out = torch.empty(bags, w.dim, dtype=torch.float32, device=weight.device)
     args = [weight, indices, offsets] + ([per_sample_weights] if w.per_sample_weights else []) + [out]
+    args.append(error_flag(weight.device))
     return args, out
+
+
+# ---- the kernels' error flag ----------------------------------------------------------------------------
+_LOCAL = threading.local()  # .flag: this thread's CPU flag and its NumPy view
+_DEVICE_FLAGS: dict[Any, Any] = {}  # device -> the flag every call on it shares (never read: see error_flag)
+
+
+def error_flag(device: Any) -> Any:
+    """The kernel's error flag (1 int32, zero on entry) for a call on `device`.
+
+    On the CPU each thread reuses its own, reset here through a NumPy view: 0.2 us against 2.7 us for a new
+    torch.zeros, and the read after the call costs 0.1 us the same way. On a GPU the flag is not read (that
+    would wait for the kernel: the torch op checks CUDA inputs on the host, and the kernels clamp what they
+    read), so one per device serves every call and is never reset."""
+    if device.type == "cpu":
+        cached = getattr(_LOCAL, "flag", None)
+        if cached is None:
+            import torch
+
+            flag = torch.zeros(1, dtype=torch.int32)
+            cached = _LOCAL.flag = (flag, flag.numpy())
+        cached[1][0] = 0
+        return cached[0]
+    flag = _DEVICE_FLAGS.get(device)
+    if flag is None:
+        import torch
+
+        flag = _DEVICE_FLAGS.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
+    return flag
+
+
+def flagged(flag: Any) -> int:
+    """What a CPU kernel's flag says after its call (0: nothing); 0 for a flag on another device (unread)."""
+    cached = getattr(_LOCAL, "flag", None)
+    if cached is not None and cached[0] is flag:
+        return cached[1].item()
+    return int(flag.numpy()[0]) if flag.device.type == "cpu" else 0
+
+
+def flag_error(code: int, what: str) -> Exception:
+    """The error of a flag whose host-side re-check found nothing more precise to say."""
+    if code == INDEX_ERROR:
+        return IndexOutOfRange(f"{what}: an index is out of range for its table (the kernel read nothing for it)")
+    if code == OFFSETS_ERROR:
+        return InvalidInput(f"{what}: malformed offsets: a bag starts before 0 or after its end, or ends past the "
+                            "indices, or offsets[0] is not 0")
+    return InvalidInput(f"{what}: malformed table_offsets: a table outside the weight's rows")
+
+
+def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
+    """Raise what the kernel flagged (CPU only; see error_flag), the message found by re-checking the inputs:
+    that costs a pass over them, but only once a call has failed."""
+    code = flagged(args[-1])
+    if code:
+        from .torch_op import check_data
+
+        check_data(args[0].shape[0], args[1], args[2])
+        raise flag_error(code, "embedding_bag")

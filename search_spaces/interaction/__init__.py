@@ -10,13 +10,14 @@ from __future__ import annotations
 
 
 
-from ..template import TorchBinding, by_device
+from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
 
-__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs", "inputs",
-           "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "torch_binding", "traffic"]
 
 NAME = "interaction"
 DOC = ("DLRM interact_features: x and T embeddings -> cat([x, tril(Z = T T^T)]), fused (dot), "
@@ -34,3 +35,10 @@ def torch_binding() -> TorchBinding:
     from .torch_op import BINDING
 
     return BINDING
+
+
+def graph_rules() -> tuple[GraphRule, ...]:
+    """How the operator is found in a captured PyTorch graph (graph.py, imports torch; tune_model reads it)."""
+    from .graph import RULES
+
+    return RULES

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .._torch_checks import need, same_device_contiguous
+from .._torch_checks import fits, need, same_device_contiguous
 from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
 from .workload import Workload, dot_interaction, inputs
 
@@ -28,7 +28,16 @@ def interaction(x: Tensor, ly: Tensor, self_interaction: bool = False, validate:
 
 
 def check(x: Tensor, ly: Tensor, self_interaction: bool = False, validate: bool = True) -> None:
-    """What the op's PyTorch semantics reject, as clear errors (shapes, one floating dtype, one device)."""
+    """What the op's PyTorch semantics reject, as clear errors (shapes, one floating dtype, one device).
+    Metadata only, in one expression; `_explain` says what is wrong when it fails."""
+    xs, ls = x.shape, ly.shape
+    if (len(xs) == 2 and len(ls) == 3 and ls[0] == xs[0] and ls[2] == xs[1] and x.dtype is ly.dtype
+            and x.is_floating_point() and fits(x, ly)):
+        return
+    _explain(x, ly)
+
+
+def _explain(x: Tensor, ly: Tensor) -> None:
     need(x.dim() == 2, OP, f"x must be 2-D (batch, dim), got shape {tuple(x.shape)}")
     need(ly.dim() == 3, OP, f"ly must be 3-D (batch, tables, dim): the embeddings stacked, got {tuple(ly.shape)}")
     need(x.is_floating_point() and ly.dtype == x.dtype, OP,

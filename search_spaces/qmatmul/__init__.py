@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..space import Config, InvalidConfig, Space
-from ..template import TorchBinding, is_gpu
+from ..template import GraphRule, TorchBinding, is_gpu
 from . import cpu, cuda
 from .workload import Workload, baselines, check_inputs, inputs, padded_args, reference, tolerance, traffic
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance", "torch_binding", "traffic"]
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "torch_binding", "traffic"]
 
 NAME = "qmatmul"
 DOC = "int8 x int8 -> int32 matmul with a fused dequant/bias/ReLU epilogue; or int8 weight-only"
@@ -53,3 +54,10 @@ def torch_binding() -> TorchBinding:
     from .torch_op import BINDING
 
     return BINDING
+
+
+def graph_rules() -> tuple[GraphRule, ...]:
+    """How the operator is found in a captured PyTorch graph (graph.py, imports torch; tune_model reads it)."""
+    from .graph import RULES
+
+    return RULES

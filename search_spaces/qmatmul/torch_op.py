@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._torch_checks import need, same_device_contiguous
+from .._torch_checks import fits, need, same_device_contiguous
+from ..quantize_rows.workload import quantize_rows  # eager symmetric int8 per row: weights once, and the op's
+#                                                     PyTorch implementation (torch.ops.autotune.quantize_rows)
 from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
 from .workload import Workload, inputs, qmatmul_reference
 
@@ -33,7 +35,26 @@ def qmatmul(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tenso
 
 def check(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
           relu: bool = False, validate: bool = True) -> None:
-    """What the op's semantics reject, as clear errors (dtypes, shapes like nn.Linear's, scales, one device)."""
+    """What the op's semantics reject, as clear errors (dtypes, shapes like nn.Linear's, scales, one device).
+    Metadata only, in one expression; `_explain` says what is wrong when it fails."""
+    sa, sw = a.shape, weight.shape
+    if (len(sa) == 2 and len(sw) == 2 and sw[1] == sa[1] and weight.dtype is _I8
+            and (_vector(a_scale, sa[0]) if a.dtype is _I8 else a.dtype is _F32 and a_scale is None)
+            and _vector(w_scale, sw[0]) and (bias is None or _vector(bias, sw[0]))
+            and fits(a, weight, a_scale, w_scale, bias)):
+        return
+    _explain(a, weight, a_scale, w_scale, bias)
+
+
+_I8, _F32 = torch.int8, torch.float32
+
+
+def _vector(t: Optional[Tensor], size: int) -> bool:
+    """A float32 vector of `size` elements (one scale or bias per row or channel)."""
+    return t is not None and t.dtype is _F32 and t.dim() == 1 and t.shape[0] == size
+
+
+def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor]) -> None:
     need(a.dim() == 2, OP, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
     need(a.dtype in (torch.int8, torch.float32), OP,
          f"a must be int8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
@@ -137,12 +158,6 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
     return out
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 per row: (round(x / scale) in [-127, 127], scale = max |x| / 127 per row)."""
-    scale = x.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-    return torch.round(x / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
-
-
 class QuantLinear(nn.Module):
     """An int8 `nn.Linear` for inference on tuned qmatmul kernels, optionally with the following ReLU fused.
 
@@ -180,7 +195,7 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).float().contiguous()
         if self.mode == "int8":
-            q, scale = quantize_rows(a)
+            q, scale = torch.ops.autotune.quantize_rows(a, self.validate)  # a tuned kernel where one is loaded
             y = torch.ops.autotune.qmatmul(q, self.weight, scale, self.w_scale, self.bias, self.relu, self.validate)
         else:
             y = torch.ops.autotune.qmatmul(a, self.weight, None, self.w_scale, self.bias, self.relu, self.validate)

@@ -15,6 +15,7 @@ from search_spaces import batched_embedding_bag as tbe
 from search_spaces import embedding_bag as eb
 from search_spaces.batched_embedding_bag import cpu as tbe_cpu, cuda as tbe_cuda
 from search_spaces.embedding_bag import cpu as eb_cpu, cuda as eb_cuda
+from search_spaces.template import IndexOutOfRange, InvalidInput
 
 # three tables of different sizes, pooling from 0 (empty bags), dim 16
 SMALL = dict(rows=(50, 7, 300), dim=16, batch=9, pooling=(0, 6))
@@ -260,3 +261,111 @@ def test_check_inputs_rejects_bad_tensors():
             tbe.check_inputs(w, *tensors)
     with pytest.raises(TypeError, match="torch.Tensor"):
         tbe.check_inputs(w, weight, toff, np.asarray(idx), off)
+
+
+# ---- bounds checked in the kernel: the error flag ------------------------------------------------------
+FLAGS = eb.workload
+TINY = dict(rows=(3, 5), dim=8, batch=2, pooling=(1, 2))
+_BUILT: dict = {}
+
+
+def tiny_inputs():
+    """Two tables (3 and 5 rows) of dim 8, batch 2: table 0's bags [0, 1) and [1, 3), table 1's [3, 4), [4, 5)."""
+    return (torch.randn(8, 8), torch.tensor([0, 3, 8]), torch.tensor([0, 2, 1, 4, 0]), torch.tensor([0, 1, 3, 4, 5]))
+
+
+def kernel(kind, mode="sum"):
+    """A compiled kernel (cached for the module): "cpu" (guarded loads), "cpu-branch" (a branch per row, for
+    unrolled loops), or "gpu" (the CUDA schedule's CPU twin)."""
+    import tvm
+
+    if (kind, mode) not in _BUILT:
+        task = make_task("batched_embedding_bag", "cpu", **TINY, mode=mode)
+        if kind == "gpu":
+            target = resolve("cuda:sm_90").target()
+            cfg = tbe.space(task.workload, target).default()
+            func = tvm.compile(tbe_cuda.lower_emulation(task.workload, cfg, target), target="llvm")["main"]
+        else:
+            cfg = task.space.make({**task.space.default().to_json(), **({"unroll": 4} if kind == "cpu-branch" else {})})
+            func = compile_module(task, cfg)["main"]
+        _BUILT[kind, mode] = (task, cfg, func)
+    return _BUILT[kind, mode]
+
+
+def call_raw(k, *tensors):
+    """(output, flag) of one call of the compiled function itself: no after_call."""
+    task, cfg, func = k
+    args, out = task.kernel_args(cfg, (), tensors)
+    func(*args)
+    return out, int(args[-1][0])
+
+
+def skipping_bad(weight, table_offsets, indices, offsets, batch, mode):
+    """per_table_loop, with each index outside its table left out: what the kernels pool when they flag it."""
+    keep = torch.ones(indices.numel(), dtype=torch.bool)
+    for t in range(table_offsets.numel() - 1):
+        lo, hi = int(offsets[t * batch]), int(offsets[(t + 1) * batch])
+        rows = int(table_offsets[t + 1] - table_offsets[t])
+        keep[lo:hi] = (indices[lo:hi] >= 0) & (indices[lo:hi] < rows)
+    new_offsets = torch.tensor([int(keep[:int(o)].sum()) for o in offsets])
+    return per_table_loop(weight, table_offsets, indices[keep], new_offsets, batch, mode)
+
+
+@pytest.mark.parametrize("kind, mode", [("cpu", "sum"), ("cpu-branch", "sum"), ("gpu", "sum"), ("gpu", "max")])
+def test_an_index_out_of_its_table_is_flagged_and_adds_nothing(kind, mode):
+    k = kernel(kind, mode)
+    weight, toff, idx, off = tiny_inputs()
+    out, flag = call_raw(k, weight, toff, idx, off)
+    assert flag == 0
+    torch.testing.assert_close(out, tbe.reference(k[0].workload, weight, toff, idx, off))
+    for position, value in [(2, 3), (1, -1), (4, 5), (3, 2**40)]:  # (2, 3): table 1's row 0, not table 0's
+        bad = idx.clone()
+        bad[position] = value
+        out, flag = call_raw(k, weight, toff, bad, off)
+        assert flag == FLAGS.INDEX_ERROR, (position, value)
+        torch.testing.assert_close(out, skipping_bad(weight, toff, bad, off, 2, mode), msg=f"{position} {value}")
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_bad_offsets_and_table_offsets_are_flagged_and_read_nothing_outside(kind):
+    k = kernel(kind)
+    weight, toff, idx, off = tiny_inputs()
+    for bad_off in ([1, 1, 3, 4, 5], [0, 3, 1, 4, 5], [0, 1, 3, 4, 9], [0, 1, 2**40, 4, 5]):
+        out, flag = call_raw(k, weight, toff, idx, torch.tensor(bad_off))
+        assert flag & FLAGS.OFFSETS_ERROR, bad_off
+        assert torch.isfinite(out).all()
+    for bad_toff in ([0, 9, 8], [0, 3, 9], [0, 3, 2**40], [1, 3, 8]):
+        out, flag = call_raw(k, weight, torch.tensor(bad_toff), idx, off)
+        assert flag & FLAGS.TABLE_OFFSETS_ERROR, bad_toff
+        assert torch.isfinite(out).all()
+    if kind == "cpu":  # the CPU kernel checks them before its gather, and pools nothing if they are bad
+        assert torch.equal(call_raw(k, weight, toff, idx, torch.tensor([0, 3, 1, 4, 5]))[0], torch.zeros(2, 16))
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_an_empty_table_flags_its_indices_and_reads_no_row(kind):
+    k = kernel(kind)
+    weight, _, idx, off = tiny_inputs()
+    toff = torch.tensor([0, 3, 3])  # table 1 has no rows, and the weight only table 0's
+    out, flag = call_raw(k, weight[:3].clone(), toff, idx, off)
+    assert flag == FLAGS.INDEX_ERROR
+    torch.testing.assert_close(out[:, :8], tbe.reference(k[0].workload, weight[:3], toff, idx, off)[:, :8])
+    assert torch.equal(out[:, 8:], torch.zeros(2, 8))
+
+
+def test_a_kernel_without_validation_raises_what_its_gather_met(tmp_path):
+    import autotune
+    from autotune import records
+
+    task = make_task("batched_embedding_bag", "cpu", **TINY)
+    log = tmp_path / "tbe.jsonl"
+    records.append(log, [task.record(task.space.default(), costs=(1e-6,))])
+    k = autotune.kernel("batched_embedding_bag", "cpu", log=log, validate=False, **TINY)
+    weight, toff, idx, off = tiny_inputs()
+    torch.testing.assert_close(k(weight, toff, idx, off), tbe.reference(task.workload, weight, toff, idx, off))
+    with pytest.raises(IndexOutOfRange, match="index 3 at position 2 is out of range for table 0, which has 3 rows"):
+        k(weight, toff, torch.tensor([0, 2, 3, 4, 0]), off)
+    with pytest.raises(InvalidInput, match="offsets must be non-decreasing"):
+        k(weight, toff, idx, torch.tensor([0, 3, 1, 4, 5]))
+    with pytest.raises(InvalidInput, match="table_offsets"):
+        k(weight, torch.tensor([0, 9, 8]), idx, off)

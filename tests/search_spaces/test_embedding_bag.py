@@ -7,12 +7,14 @@ for the shuffles' masks and widths that the twin cannot check, by running the ge
 emulator of tests/cuda_emulator.py.
 """
 
+import math
 import random
 import shutil
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 import tvm
 
 from autotune.build import compile_module
@@ -22,7 +24,8 @@ from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import embedding_bag as eb
-from search_spaces.embedding_bag import cuda as eb_cuda
+from search_spaces.embedding_bag import cpu as eb_cpu, cuda as eb_cuda
+from search_spaces.template import IndexOutOfRange, InvalidInput
 
 CASES = {
     "sum": dict(),
@@ -169,7 +172,9 @@ def test_kernel_args_allocate_the_output_on_the_inputs_device():
     tensors = (torch.empty(10, 4, device="meta"), torch.empty(3, dtype=torch.long, device="meta"),
                torch.empty(2, dtype=torch.long, device="meta"))
     args, out = eb.kernel_args(w, None, (), *tensors)
-    assert out.device.type == "meta" and out.shape == (2, 4) and args[-1] is out
+    assert out.device.type == "meta" and out.shape == (2, 4) and args[-2] is out
+    flag = args[-1]  # the error flag: one int32 on the inputs' device
+    assert flag.device.type == "meta" and flag.shape == (1,) and flag.dtype == torch.int32
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------
@@ -280,8 +285,247 @@ def test_gpu_kernel_shuffling_among_the_bags_of_a_warp_matches_torch_when_emulat
         w = eb.Workload(batch=batch, **fields)
         weight, indices, offsets, psw = eb.inputs(w, seed=batch)
         assert (offsets.diff() == 0).any(), "an empty bag"
-        out = torch.full((batch, w.dim), float("nan"))
-        emulate_cuda(source, grid, block, dict(W=weight, I=indices, Off=offsets, PSW=psw, O=out, NB=batch,
-                                               NNZ=indices.numel()))
+        out, flag = emulate(source, grid, block, weight, indices, offsets, psw)
+        assert flag == 0
         torch.testing.assert_close(out, eb.reference(w, weight, indices, offsets, psw), rtol=1e-5, atol=1e-5,
                                    msg=lambda m: f"{cfg} batch {batch}: {m}")
+    # the CUDA C's own bounds checks: an index past the table (in a shuffled chunk) is flagged and adds nothing
+    bad = indices.clone()
+    k = int(offsets[5])  # the first index of bag 5 (not empty at this seed)
+    assert offsets[6] > k
+    bad[k] = w.rows
+    out, flag = emulate(source, grid, block, weight, bad, offsets, psw)
+    assert flag == eb.workload.INDEX_ERROR
+    torch.testing.assert_close(out, with_absent_row(w, weight, bad, offsets, psw), rtol=1e-5, atol=1e-5)
+    # a bag past the indices pools nothing, and the flag says so
+    short = offsets.clone()
+    short[7] = indices.numel() + 3
+    out, flag = emulate(source, grid, block, weight, indices, short, psw)
+    assert flag == eb.workload.OFFSETS_ERROR and torch.equal(out[7], torch.zeros(w.dim))
+
+
+def emulate(source, grid, block, weight, indices, offsets, psw):
+    """(output, flag) of the generated CUDA C run on the CPU emulator."""
+    out, flag = torch.full((offsets.numel(), weight.shape[1]), float("nan")), torch.zeros(1, dtype=torch.int32)
+    emulate_cuda(source, grid, block, dict(W=weight, I=indices, Off=offsets, PSW=psw, O=out, Flag=flag,
+                                           NB=offsets.numel(), NNZ=indices.numel(), R=weight.shape[0]))
+    return out, int(flag)
+
+
+def with_absent_row(w, weight, indices, offsets, psw=None):
+    """The reference with every index outside the table replaced by a row that adds nothing (zeros; for max,
+    -inf): what a kernel that skips bad indices computes."""
+    rows = weight.shape[0]
+    absent = torch.full((1, weight.shape[1]), -math.inf if w.mode == "max" else 0.0)
+    safe = torch.where((indices < 0) | (indices >= rows), torch.full_like(indices, rows), indices)
+    return eb.reference(replace(w, rows=rows + 1), torch.cat([weight, absent]), safe, offsets, psw)
+
+
+# ---- bounds checked in the kernel: the error flag ------------------------------------------------------
+FLAGS = eb.workload
+CHECKS = {  # compute's ways to check an index (cpu.checks picks one per config), by the knobs that pick them
+    "load": dict(),
+    "branch": dict(unroll=4, prefetch=8),
+    "walk": dict(loop_order="tiles_outer", dim_tiles=2, prefetch=0),
+}
+_BUILT: dict = {}
+
+
+def cpu_kernel(check="load", **fields):
+    """A compiled CPU kernel (cached for the module) whose config checks indices the `check` way."""
+    key = (check, tuple(sorted(fields.items())))
+    if key not in _BUILT:
+        task = make_task("embedding_bag", "cpu", **{"rows": 50, "dim": 16, "batch": 6, "pooling": (0, 5), **fields})
+        cfg = task.space.make({**task.space.default().to_json(), **CHECKS[check]})
+        assert eb_cpu.checks(cfg) == check
+        _BUILT[key] = (task, cfg, compile_module(task, cfg)["main"])
+    return _BUILT[key]
+
+
+def call_raw(kernel, *tensors):
+    """(output, flag) of one call of the compiled function itself: no after_call."""
+    task, cfg, func = kernel
+    args, out = task.kernel_args(cfg, (), tensors)
+    func(*args)
+    return out, int(args[-1][0])
+
+
+def bad_bags(seed=0):
+    """Six bags of 50 rows, the last bag not empty, and where to put a bad index: a middle and the last bag."""
+    weight, (idx, off) = torch.randn(50, 16), (torch.arange(14) * 7 % 50, torch.tensor([0, 3, 3, 6, 9, 12]))
+    return weight, idx, off, (4, 13)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+@pytest.mark.parametrize("value", [-1, 50, 2**40, -2**40])
+def test_an_index_out_of_range_is_flagged_and_adds_nothing(check, value):
+    kernel = cpu_kernel(check)
+    weight, idx, off, places = bad_bags()
+    out, flag = call_raw(kernel, weight, idx, off)
+    assert flag == 0 and torch.equal(out, eb.reference(kernel[0].workload, weight, idx, off))
+    for k in places:  # a middle bag, and the last (which ends at len(indices), not at an offset)
+        bad = idx.clone()
+        bad[k] = value
+        out, flag = call_raw(kernel, weight, bad, off)
+        assert flag == FLAGS.INDEX_ERROR, (k, value)
+        torch.testing.assert_close(out, with_absent_row(kernel[0].workload, weight, bad, off))
+
+
+@pytest.mark.parametrize("fields", [dict(mode="max", index_dtype="int32"), dict(per_sample_weights=True,
+                                                                                padding_idx=2)])
+def test_an_index_out_of_range_is_flagged_with_other_options(fields):
+    kernel = cpu_kernel("load", **fields)
+    weight, idx, off, _ = bad_bags()
+    idx, off = idx.to(getattr(torch, kernel[0].workload.index_dtype)), off.to(getattr(torch, kernel[0].workload.index_dtype))
+    psw = (torch.rand(idx.numel()),) if kernel[0].workload.per_sample_weights else ()
+    bad = idx.clone()
+    bad[7] = 50
+    out, flag = call_raw(kernel, weight, bad, off, *psw)
+    assert flag == FLAGS.INDEX_ERROR
+    torch.testing.assert_close(out, with_absent_row(kernel[0].workload, weight, bad, off, *psw))
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_bad_offsets_are_flagged_and_no_bag_is_read(last):
+    kernel = cpu_kernel("load", include_last_offset=last)
+    weight, idx, off, _ = bad_bags()
+    if last:
+        off = torch.cat([off, torch.tensor([idx.numel()])])
+    assert call_raw(kernel, weight, idx, off)[1] == 0
+    for name, change in [("first not 0", {0: 1}), ("negative", {0: -5}), ("decreasing", {2: 1}),
+                         ("past the indices", {len(off) - 1: idx.numel() + 1}), ("far past", {3: 2**40})]:
+        bad = off.clone()
+        for i, v in change.items():
+            bad[i] = v
+        out, flag = call_raw(kernel, weight, idx, bad)
+        assert flag == FLAGS.OFFSETS_ERROR, name
+        assert torch.equal(out, torch.zeros_like(out)), name  # zeros, not the output's old memory
+
+
+def test_an_empty_table_flags_every_index_and_reads_no_row():
+    kernel = cpu_kernel("load")
+    empty = torch.zeros(0, 16)
+    out, flag = call_raw(kernel, empty, torch.tensor([0, 3]), torch.tensor([0, 1]))
+    assert flag == FLAGS.INDEX_ERROR and torch.equal(out, torch.zeros(2, 16))
+    out, flag = call_raw(kernel, empty, torch.zeros(0, dtype=torch.long), torch.tensor([0, 0]))
+    assert flag == 0 and torch.equal(out, torch.zeros(2, 16))  # empty bags read nothing: nothing to flag
+
+
+def test_the_flag_of_a_call_is_reset_before_the_next():
+    task, cfg, func = kernel = cpu_kernel("load")
+    weight, idx, off, _ = bad_bags()
+    assert call_raw(kernel, weight, torch.full_like(idx, 50), off)[1] == FLAGS.INDEX_ERROR
+    args, _ = task.kernel_args(cfg, (), (weight, idx, off))
+    assert int(args[-1][0]) == 0  # the thread's flag, zero again
+    assert call_raw(kernel, weight, idx, off)[1] == 0
+
+
+@pytest.fixture()
+def eb_log(tmp_path):
+    from autotune import records
+
+    task = make_task("embedding_bag", "cpu", rows=50, dim=16, batch=6, pooling=(0, 5))
+    path = tmp_path / "eb.jsonl"
+    records.append(path, [task.record(task.space.default(), costs=(1e-6,))])
+    return path
+
+
+def test_a_kernel_without_validation_raises_what_its_gather_met(eb_log):
+    import autotune
+
+    k = autotune.kernel("embedding_bag", "cpu", log=eb_log, rows=50, dim=16, batch=6, pooling=(0, 5), validate=False)
+    weight, idx, off, _ = bad_bags()
+    torch.testing.assert_close(k(weight, idx, off), eb.reference(k.task.workload, weight, idx, off))
+    bad = idx.clone()
+    bad[13] = 50
+    with pytest.raises(IndexOutOfRange, match=r"indices must be in \[0, 50\), got values in \[0, 50\] \(index 50 at "
+                                              r"position 13\)"):
+        k(weight, bad, off)
+    with pytest.raises(InvalidInput, match=r"offsets must be non-decreasing, got offsets\[2\] = 1 after offsets\[1\] = 3"):
+        k(weight, idx, torch.tensor([0, 3, 1, 6, 9, 12]))
+    with pytest.raises(InvalidInput, match=r"offsets\[0\] must be 0"):
+        k(weight, idx, torch.tensor([2, 3, 3, 6, 9, 12]))
+    with pytest.raises(IndexOutOfRange, match=r"\[0, 0\)"):
+        k(torch.zeros(0, 16), idx, off)
+    torch.testing.assert_close(k(weight, idx, off), eb.reference(k.task.workload, weight, idx, off))
+
+
+@pytest.fixture()
+def eb_package(tmp_path):
+    import autotune.torch as at
+    from autotune.package import export
+
+    task = make_task("embedding_bag", "cpu", rows=50, dim=16, batch=6, pooling=(0, 5))
+    export([task.record(task.space.default(), costs=(1e-6,))], tmp_path)
+    at.unload_all()
+    pkg = at.load(tmp_path)
+    (kernel,) = pkg.kernels
+    calls = []
+    func = kernel.func
+    kernel.func = lambda *args: calls.append(1) or func(*args)
+    yield calls
+    at.unload_all()
+
+
+def test_the_torch_op_checks_cpu_data_in_the_kernel_not_before_it(eb_package, monkeypatch):
+    from search_spaces.embedding_bag import torch_op
+
+    op = torch.ops.autotune.embedding_bag
+    weight, idx, off, _ = bad_bags()
+    monkeypatch.setattr(torch_op, "_index_facts", lambda *a: pytest.fail("a pass over the data before the call"))
+    torch.testing.assert_close(op(weight, idx, off), F.embedding_bag(idx, weight, off, mode="sum"))
+    assert eb_package == [1]
+    monkeypatch.undo()
+    bad = idx.clone()
+    bad[4] = -1
+    with pytest.raises(IndexOutOfRange, match=r"index -1 at position 4") as err:
+        op(weight, bad, off)
+    assert isinstance(err.value, RuntimeError) and eb_package == [1, 1]  # the kernel ran, and its flag raised
+    with pytest.raises(InvalidInput, match="exceeds the number of indices"):
+        op(weight, idx, torch.tensor([0, 3, 3, 6, 9, 15]))
+    with pytest.raises(IndexError, match="indices must be in"):
+        op(weight, bad, off, validate=False)  # the kernel's checks are its memory safety: always on
+
+
+def test_the_pytorch_path_rejects_what_pytorch_would_and_what_its_max_mode_misses():
+    import autotune.torch as at
+
+    at.unload_all()
+    op = torch.ops.autotune.embedding_bag
+    weight, idx, off, _ = bad_bags()
+    bad = idx.clone()
+    bad[4] = 50
+    with pytest.warns(at.NoTunedKernelWarning):
+        with pytest.raises(RuntimeError):  # PyTorch's own check
+            op(weight, bad, off)
+    decreasing = torch.tensor([0, 3, 1, 6, 9, 12])
+    F.embedding_bag(idx, weight, decreasing, mode="max")  # PyTorch's max mode does not check them
+    with pytest.warns(at.NoTunedKernelWarning):
+        with pytest.raises(InvalidInput, match="non-decreasing"):
+            op(weight, idx, decreasing, None, "max")
+
+
+@pytest.mark.parametrize("prefetch", eb_cuda.INDEX_PREFETCH.options)
+def test_gpu_kernel_checks_bounds_on_its_cpu_twin(prefetch):
+    """The GPU kernels clamp instead of skipping a bag (they check per bag): a bad index loads row 0 and adds
+    nothing, a bad bag pools nothing, an empty table reads no row; each sets the flag."""
+    w = eb.Workload(rows=50, dim=16, batch=6, pooling=(0, 5), mode="max")
+    space = eb.space(w, SM90.target())
+    cfg = next(c for c in space if c[eb_cuda.INDEX_PREFETCH] == prefetch)
+    func = tvm.compile(eb_cuda.lower_emulation(w, cfg, SM90.target()), target="llvm")["main"]
+    kernel = (make_task("embedding_bag", "cpu", workload=w), cfg, func)
+    weight, idx, off, _ = bad_bags()
+    out, flag = call_raw(kernel, weight, idx, off)
+    assert flag == 0 and torch.equal(out, eb.reference(w, weight, idx, off))
+    bad = idx.clone()
+    bad[[4, 13]] = torch.tensor([-3, 50])
+    out, flag = call_raw(kernel, weight, bad, off)
+    assert flag == FLAGS.INDEX_ERROR
+    torch.testing.assert_close(out, with_absent_row(w, weight, bad, off))
+    out, flag = call_raw(kernel, weight, idx, torch.tensor([0, 3, 1, 6, 9, 2**40]))
+    assert flag == FLAGS.OFFSETS_ERROR
+    assert torch.equal(out[[1, 5]], torch.zeros(2, 16))  # [3, 1) and past the indices: nothing pooled
+    torch.testing.assert_close(out[[0, 3]], eb.reference(w, weight, idx, off)[[0, 3]])
+    out, flag = call_raw(kernel, torch.zeros(0, 16), idx, off)
+    assert flag == FLAGS.INDEX_ERROR and torch.equal(out, torch.zeros(6, 16))
+

@@ -1,0 +1,417 @@
+"""A model's captured graph, and the engine that rewrites it with the operators' graph rules.
+
+`capture` runs torch.export (ATen ops, parameters as get_attr nodes sharing the model's tensors, the batch and
+the number of indices dynamic), so a rule sees every embedding bag, interaction and Linear of the model whatever
+Python wrote it, and the rewritten GraphModule runs at any batch size, under torch.compile(fullgraph=True) and
+inference_mode. The operators' rules (`GraphRule`, search_spaces/<op>/graph.py) find sites by structure; the
+engine checks every replacement by numbers before it keeps it:
+
+    discover: each rule's `find` on the captured graph -> the matches (and the tasks their kernels need) and
+              the look-alikes refused by structure (`Kept`), before anything is tuned;
+    rewrite:  per rule, in priority order, on the graph as earlier rules left it: find again, `replace` each
+              match (new nodes inserted, not wired), run the graph once on the example inputs computing old and
+              new values together, rewire the outputs of the matches whose new values agree within their
+              tolerance, erase the others' new nodes, drop dead code.
+
+`node_times` and `profile` time each node on the example inputs: each task's share of the eager time, and a
+per-module breakdown (node.meta["nn_module_stack"]).
+"""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+import search_spaces
+from search_spaces.template import GraphMatch, GraphRule, Kept
+
+__all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "capture", "collect_rules", "discover",
+           "example_values", "flat_inputs", "module_path", "node_times", "profile", "rewrite"]
+
+_STRUCTURAL = ("placeholder", "get_attr", "output")
+
+
+class CaptureError(RuntimeError):
+    """torch.export could not capture a model that runs eagerly on the example inputs."""
+
+
+# ---- capture ------------------------------------------------------------------------------------------------
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _dynamic(args: tuple[Any, ...]) -> Any:
+    """Dim 0 of every tensor dynamic (batch, number of indices, offsets): the other dims are the model's sizes
+    (a feature width, a table's dim), which the graph may bake in."""
+    from torch.export import Dim
+
+    return pytree.tree_map(lambda v: {0: Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None, args)
+
+
+def capture(model: torch.nn.Module, example_inputs: Any) -> fx.GraphModule:
+    """The model as an fx.GraphModule of ATen ops (torch.export, then `ep.module()`), dim 0 of every input
+    dynamic. The model runs eagerly first, so inputs it rejects raise the model's own error."""
+    args = _as_args(example_inputs)
+    with torch.no_grad():
+        model(*args)  # the model's own error for bad inputs, not an export trace of it
+    try:
+        ep = torch.export.export(model, args, dynamic_shapes=_dynamic(args))
+    except Exception as err:  # noqa: BLE001 -- any export failure: say so, keep the cause
+        raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''}") from err
+    return ep.module()  # type: ignore[return-value]
+
+
+def flat_inputs(gm: fx.GraphModule, example_inputs: Any) -> list[Any]:
+    """The graph's placeholder values: the example inputs flattened as export's in_spec flattens them."""
+    return pytree.tree_leaves((_as_args(example_inputs), {}))
+
+
+def module_path(node: fx.Node) -> str:
+    """The model's module a node came from ("bottom.0"), "" for the top-level forward."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, _ in reversed(list(stack.values())):
+        path = str(path)
+        if not path.startswith("_empty"):
+            return path.removeprefix("L['self'].")
+    return ""
+
+
+# ---- example values -----------------------------------------------------------------------------------------
+class _Failed:
+    """The value of a node that raised (or whose input did) in a check run."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+def example_values(gm: fx.GraphModule, example_inputs: Any) -> dict[str, Any]:
+    """{node name: its value} on the example inputs (every node, kept: the rules read shapes and constants)."""
+    interp = fx.Interpreter(gm, garbage_collect_values=False)
+    with torch.no_grad():
+        interp.run(*flat_inputs(gm, example_inputs))
+    return {n.name: v for n, v in interp.env.items()}
+
+
+class _CheckRun(fx.Interpreter):
+    """One run computing the model's values and the pending replacements' together: a new node that raises (or
+    would run PyTorch's implementation instead of a kernel) marks its match refused, not the run."""
+
+    def __init__(self, gm: fx.GraphModule, new_nodes: set[fx.Node]):
+        super().__init__(gm, garbage_collect_values=False)
+        self.new_nodes = new_nodes
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n not in self.new_nodes:
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        failed = next((v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, _Failed)), None)
+        if failed is not None:
+            return failed
+        why = _no_kernel(n, args, kwargs)
+        if why:
+            return _Failed(why)
+        try:
+            return getattr(self, n.op)(n.target, args, kwargs)
+        except Exception as err:  # noqa: BLE001 -- the replacement's failure refuses it
+            return _Failed(f"the replacement raised {type(err).__name__}: {err}")
+
+
+def _no_kernel(n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Why a `torch.ops.autotune.<op>` call on these values would run PyTorch's implementation ("" if a loaded
+    kernel serves it): a replacement that only falls back is no gain, and it is refused."""
+    from .ops import BINDINGS
+    from .registry import REGISTRY, device_key
+
+    qualified = getattr(n.target, "_qualified_op_name", None) or getattr(n.target, "_name", "")
+    namespace, _, name = str(qualified).partition("::")
+    if n.op != "call_function" or namespace != "autotune":
+        return ""
+    binding = BINDINGS.get(name)
+    if binding is None:
+        return ""
+    try:
+        bound = inspect.signature(binding.op).bind(*args, **kwargs)
+    except TypeError as err:
+        return f"torch.ops.autotune.{name} called with arguments it does not take: {err}"
+    bound.apply_defaults()
+    call = tuple(bound.arguments.values())
+    route = binding.route(*call)
+    if isinstance(route, str):
+        return f"torch.ops.autotune.{name} would run PyTorch's implementation: {route}"
+    if route.size < 1:
+        return ""
+    tensor = next((v for v in pytree.tree_leaves(call) if isinstance(v, torch.Tensor)), None)
+    dev = device_key(tensor.device) if tensor is not None else "cpu"
+    if REGISTRY.plan(name, dev, route.signature, route.size) is None:
+        return f"no loaded {name} kernel for {binding.describe(route.signature)} on {dev}"
+    return ""
+
+
+def _check_run(gm: fx.GraphModule, example_inputs: Any, new_nodes: set[fx.Node]) -> dict[fx.Node, Any]:
+    interp = _CheckRun(gm, new_nodes)
+    with torch.no_grad(), warnings.catch_warnings():
+        from .ops import NoTunedKernelWarning
+
+        warnings.simplefilter("ignore", NoTunedKernelWarning)  # _no_kernel refused those calls already
+        interp.run(*flat_inputs(gm, example_inputs))
+    return dict(interp.env)
+
+
+def _disagreement(old: Any, new: Any, tolerance: tuple[float, float]) -> tuple[str, float]:
+    """(why the new value does not reproduce the old one, or "", max |new - old|)."""
+    if isinstance(new, _Failed):
+        return new.why, float("nan")
+    if isinstance(old, torch.Tensor) != isinstance(new, torch.Tensor):
+        return f"the replacement gives {type(new).__name__} where the model has {type(old).__name__}", float("nan")
+    if not isinstance(old, torch.Tensor):
+        return ("" if old == new else f"the replacement gives {new!r} where the model has {old!r}"), 0.0
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return (f"the replacement gives {new.dtype}{list(new.shape)} where the model has "
+                f"{old.dtype}{list(old.shape)}"), float("nan")
+    if old.numel() == 0:
+        return "", 0.0
+    err = float((new.double() - old.double()).abs().nan_to_num(float("inf")).max()) if old.is_floating_point() \
+        else float((new.long() - old.long()).abs().max())
+    rtol, atol = tolerance
+    if not torch.allclose(new, old, rtol=rtol, atol=atol, equal_nan=True):
+        return (f"the replacement disagrees on the example inputs: max |new - old| = {err:.3g} (tolerance "
+                f"rtol={rtol:g}, atol={atol:g})"), err
+    return "", err
+
+
+# ---- rules --------------------------------------------------------------------------------------------------
+def collect_rules(quantize: bool = True, extra: Iterable[GraphRule] = (),
+                  rules: Iterable[GraphRule] | None = None) -> list[GraphRule]:
+    """Every template's graph rules (templates without `graph_rules` have none) plus `extra`, by priority;
+    rules that change numerics (`quantizes`) only with `quantize`. `rules` replaces the templates' rules."""
+    if rules is None:
+        found: list[GraphRule] = []
+        for name in search_spaces.names():
+            fn = getattr(search_spaces.get(name), "graph_rules", None)
+            if fn is not None:
+                found.extend(fn())
+        rules = found
+    out = [r for r in (*rules, *extra) if quantize or not r.quantizes]
+    return sorted(out, key=lambda r: r.priority)  # stable: equal priorities keep their order
+
+
+def _find(rule: GraphRule, gm: fx.GraphModule, values: dict[str, Any], claimed: set[fx.Node]) \
+        -> Iterable[GraphMatch | Kept]:
+    """The rule's finds; each match's nodes join `claimed` as it comes, and a match overlapping an earlier one is
+    refused (a rule's bug must not rewrite a node twice)."""
+    for found in rule.find(gm, values, claimed):
+        if isinstance(found, GraphMatch):
+            if claimed.intersection(found.nodes):
+                yield Kept(found.rule or rule.name, found.where, "overlaps nodes an earlier match took")
+                continue
+            claimed.update(found.nodes)
+        yield found
+
+
+@dataclass
+class Discovery:
+    """What the rules find on the captured graph before anything is tuned."""
+
+    matches: list[GraphMatch] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+
+
+def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule]) -> Discovery:
+    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals."""
+    values = example_values(gm, example_inputs)
+    out = Discovery()
+    claimed: set[fx.Node] = set()
+    for rule in rules:
+        for found in _find(rule, gm, values, claimed):
+            (out.matches if isinstance(found, GraphMatch) else out.kept).append(found)
+    return out
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A match whose replacement reproduced the model's values and was wired in."""
+
+    rule: str
+    what: str
+    where: str
+    max_error: float
+
+
+@dataclass
+class Rewrite:
+    replaced: list[Replaced] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+
+
+def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
+            ready: Callable[[GraphMatch], str | None] = lambda m: None) -> Rewrite:
+    """Rewrite `gm` in place, rule by rule (see the module docstring); `ready(match)` says why a match must be
+    kept before it is tried (e.g. its kernel was not tuned), or None."""
+    out = Rewrite()
+    claimed: set[fx.Node] = set()  # nodes of committed matches
+    for rule in rules:
+        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out)
+    return out
+
+
+@dataclass
+class _Pending:
+    match: GraphMatch
+    new: tuple[fx.Node, ...]
+    added: list[fx.Node]
+
+
+def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
+                  ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite) -> None:
+    values = example_values(gm, example_inputs)
+    attrs = _attr_names(gm)
+    pending: list[_Pending] = []
+    for found in _find(rule, gm, values, set(claimed)):
+        if isinstance(found, Kept):
+            out.kept.append(found)
+            continue
+        why = ready(found)
+        if why:
+            out.kept.append(Kept(found.rule, found.where, why))
+            continue
+        p = _replace(gm, found)
+        if isinstance(p, str):
+            out.kept.append(Kept(found.rule, found.where, p))
+        else:
+            pending.append(p)
+    if not pending:
+        return
+    env = _check_run(gm, example_inputs, {n for p in pending for n in p.added})
+    for p in pending:
+        why, err = "", 0.0
+        for old, new in zip(p.match.outputs, p.new):
+            why, e = _disagreement(env[old], env.get(new, _Failed("the new node did not run")), p.match.tolerance)
+            err = max(err, e) if e == e else err
+            if why:
+                break
+        if why:
+            out.kept.append(Kept(p.match.rule, p.match.where, why))
+            _erase(gm, p.added)
+        else:
+            _commit(p)
+            claimed.update(p.match.nodes)
+            out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err))
+    gm.graph.eliminate_dead_code(is_impure_node=_impure)
+    _drop_unused_attrs(gm, attrs)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _replace(gm: fx.GraphModule, match: GraphMatch) -> _Pending | str:
+    """The match's new nodes inserted (not wired), or why not (they are erased again)."""
+    before = set(gm.graph.nodes)
+    try:
+        new = tuple(match.replace(gm))
+    except Exception as err:  # noqa: BLE001 -- a rule's failure keeps the model's code
+        _erase(gm, [n for n in gm.graph.nodes if n not in before])
+        return f"the replacement could not be built: {type(err).__name__}: {err}"
+    added = [n for n in gm.graph.nodes if n not in before]
+    if len(new) != len(match.outputs) or not all(isinstance(n, fx.Node) for n in new):
+        _erase(gm, added)
+        return f"the rule gave {len(new)} new nodes for {len(match.outputs)} outputs"
+    return _Pending(match, new, added)
+
+
+def _commit(p: _Pending) -> None:
+    """Rewire the old outputs' users to the new nodes; new nodes without a module path take the match's."""
+    added = set(p.added)
+    stack = _common_stack(p.match.nodes)
+    for n in p.added:
+        if not n.meta.get("nn_module_stack"):
+            n.meta["nn_module_stack"] = dict(stack)
+    for old, new in zip(p.match.outputs, p.new):
+        old.replace_all_uses_with(new, delete_user_cb=lambda user: user not in added)
+
+
+def _common_stack(nodes: Iterable[fx.Node]) -> dict[str, Any]:
+    """An nn_module_stack naming the deepest module path the nodes share (for profiles of the rewritten model)."""
+    paths = [module_path(n).split(".") for n in nodes if module_path(n)]
+    if not paths:
+        return {}
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return {".".join(common): (".".join(common), "autotune")} if common else {}
+
+
+def _erase(gm: fx.GraphModule, added: list[fx.Node]) -> None:
+    for n in reversed(added):
+        if not n.users:
+            gm.graph.erase_node(n)
+
+
+def _impure(node: fx.Node) -> bool:
+    """What dead-code elimination must keep: export's `_guards_fn` (a call_module without users), any other
+    module call, and whatever fx calls impure (mutating ops, placeholders, the output)."""
+    return node.op == "call_module" or node.is_impure()
+
+
+def _attr_names(gm: fx.GraphModule) -> set[str]:
+    return set(gm._buffers) | set(gm._parameters) | set(gm._modules) | set(vars(gm))
+
+
+def _drop_unused_attrs(gm: fx.GraphModule, before: set[str]) -> None:
+    """Attributes a refused replacement registered (e.g. a fused table) go again once nothing reads them."""
+    used = {str(n.target).split(".")[0] for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
+    for name in _attr_names(gm) - before - used:
+        if name in gm._buffers or name in gm._parameters or isinstance(getattr(gm, name, None), torch.Tensor):
+            delattr(gm, name)
+
+
+# ---- profiling ----------------------------------------------------------------------------------------------
+class _Timer(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, sync: Callable[[], None]):
+        super().__init__(gm)
+        self.sync = sync
+        self.times: dict[str, list[float]] = defaultdict(list)
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in _STRUCTURAL:
+            return super().run_node(n)
+        t0 = time.perf_counter()
+        out = super().run_node(n)
+        self.sync()
+        self.times[n.name].append(time.perf_counter() - t0)
+        return out
+
+
+def node_times(gm: fx.GraphModule, example_inputs: Any, runs: int = 5) -> dict[str, float]:
+    """{node name: median seconds} of each computing node on the example inputs (inference mode, one warm-up)."""
+    flat = flat_inputs(gm, example_inputs)
+    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in flat)
+    timer = _Timer(gm, torch.cuda.synchronize if on_gpu else (lambda: None))
+    with torch.inference_mode():
+        timer.run(*flat)
+        timer.times.clear()
+        for _ in range(max(1, runs)):
+            timer.run(*flat)
+    return {name: statistics.median(t) for name, t in timer.times.items()}
+
+
+def profile(gm: fx.GraphModule, example_inputs: Any, runs: int = 5, depth: int | None = None) -> dict[str, float]:
+    """{module path: median seconds its nodes take} on the example inputs, e.g. {"bottom.0": 1.2e-4, ...};
+    `depth=1` groups by top-level module ("bottom", "embeddings", ...); "" is the model's own forward."""
+    times = node_times(gm, example_inputs, runs)
+    out: dict[str, float] = defaultdict(float)
+    for n in gm.graph.nodes:
+        if n.name in times:
+            path = module_path(n)
+            out[".".join(path.split(".")[:depth]) if depth else path] += times[n.name]
+    return dict(out)

@@ -1,0 +1,311 @@
+"""`tune_model(model, example_inputs, log_dir=...)`: find the operators a model runs, tune them, rewrite the model.
+
+    optimized, report = autotune.torch.tune_model(model, (dense, indices, offsets), log_dir="logs/local/m")
+    print(report)  # tasks and their share of eager time, what was replaced and kept (why), eager vs optimized
+
+Steps: capture the graph (torch.export: `graph.capture`); the operators' graph rules list the sites and the
+tasks their kernels need; each node is timed on the example inputs, so each task shows its share of the eager
+time; each task is tuned (`log_dir/<op>.jsonl`, resuming: a task with `trials` configs in its log tunes
+nothing, and records of other shapes of the op warm the cost model); the best record of each task (a shipped
+record of the same workload and CPU when faster) is exported to `log_dir/package` (kept as it is when it already
+holds exactly those kernels) and loaded; the rules rewrite the graph, each replacement kept only if it
+reproduces the model's values on the example inputs; eager and optimized latency are measured interleaved.
+The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
+into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+import search_spaces
+from search_spaces.template import GraphMatch, GraphRule, Kept
+
+from .graph import Replaced, _as_args, capture, collect_rules, discover, node_times, rewrite
+
+__all__ = ["TaskReport", "TuneModelReport", "tune_model"]
+
+
+@dataclass
+class TaskReport:
+    """One kernel to tune: what it is, how much of the eager time its sites take, and how tuning went."""
+
+    op: str
+    fields: dict[str, Any]
+    workload_key: str
+    share: float = 0.0  # of the eager model's time on the example inputs (its sites' nodes)
+    sites: int = 0
+    measured: int = 0  # configs measured by this call
+    resumed: int = 0  # configs already in the log
+    best_s: float | None = None
+    source: str = ""  # "tuned" or "shipped record"
+    why: str = ""  # why there is no kernel
+    record: Any = field(default=None, repr=False)
+
+    def describe(self, tuned: bool = True) -> str:
+        shape = ",".join(f"{k}={_text(v)}" for k, v in self.fields.items())
+        head = f"{self.op} {shape}: {self.share:.1%} of eager, {self.sites} site(s)"
+        if not tuned:
+            return head
+        best = (f"best {self.best_s * 1e3:.4f} ms" + (f" ({self.source})" if self.source == "shipped record"
+                                                       else "")) if self.best_s is not None else self.why
+        return f"{head}; {self.measured} trials measured, {self.resumed} resumed; {best}"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _text(v: Any) -> str:
+    return "-".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+@dataclass
+class TuneModelReport:
+    """What tune_model found, tuned, replaced and kept, and what it measured."""
+
+    tasks: list[TaskReport] = field(default_factory=list)
+    replaced: list[Replaced] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+    eager_s: float | None = None
+    optimized_s: float | None = None
+    max_abs_diff: float | None = None
+    package: Path | None = None
+    exported: bool = False  # False: the package already held exactly these kernels (or none were needed)
+    threads: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def measured(self) -> int:
+        """Configs measured by this call, over all tasks (0 when everything resumed from the logs)."""
+        return sum(t.measured for t in self.tasks)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.eager_s / self.optimized_s if self.eager_s and self.optimized_s else None
+
+    def __str__(self) -> str:
+        lines = [f"tune_model: {len(self.tasks)} tasks ({self.measured} trials measured), {len(self.replaced)} "
+                 f"replaced, {len(self.kept)} kept" + (f": {self.note}" if self.note else "")]
+        if self.tasks:
+            lines.append("tasks (share of the eager time on the example inputs):")
+            lines += [f"  {t}" for t in self.tasks]
+        if self.package is not None:
+            lines.append(f"package: {self.package} ({'exported' if self.exported else 'unchanged, not re-exported'})")
+        lines += [f"replaced {r.where or '(model)'}: {r.what} (max |new - old| {r.max_error:.2g})"
+                  for r in self.replaced]
+        lines += [f"kept {k.where or '(model)'} [{k.rule}]: {k.why}" for k in self.kept]
+        if self.eager_s is not None and self.optimized_s is not None:
+            lines.append(f"latency on the example inputs: eager {self.eager_s * 1e3:.3f} ms, optimized "
+                         f"{self.optimized_s * 1e3:.3f} ms: {self.speedup:.2f}x")
+        if self.max_abs_diff is not None:
+            lines.append(f"max |optimized - eager| on the example inputs: {self.max_abs_diff:.3g}")
+        if self.threads:
+            lines.append("threads: " + ", ".join(f"{k}={v}" for k, v in self.threads.items()))
+        return "\n".join(lines)
+
+
+def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cpu", log_dir: str | Path,
+               trials: int = 64, quantize: bool = True, progress: bool = True, shipped: bool = True,
+               extra_rules: Iterable[GraphRule] = (), rules: Iterable[GraphRule] | None = None,
+               bench_rounds: int = 3, bench_seconds: float = 0.3) -> tuple[torch.nn.Module, TuneModelReport]:
+    """Tune the operators `model` runs on `example_inputs` for `device` and return (the rewritten model, the
+    report). See the module docstring.
+
+    `trials`: configs per task, counting those already in `log_dir/<op>.jsonl`. `quantize=False` keeps the
+    rules that change numerics (int8 Linear layers) out. `shipped`: a shipped record of the same workload and
+    CPU competes with the tuned ones. `extra_rules` join the operators' graph rules (`rules` replaces them).
+    `bench_rounds` interleaved rounds of `bench_seconds` per model time eager against optimized (0: no timing).
+    A model with nothing to replace comes back as it is; example inputs the model rejects raise its own error.
+    """
+    args = _as_args(example_inputs)
+    gm = capture(model, args)
+    ruleset = collect_rules(quantize, extra_rules, rules)
+    report = TuneModelReport(threads=_threads())
+    found = discover(gm, args, ruleset)
+    if not found.matches:
+        report.kept = found.kept
+        report.note = "nothing in this model is served by a tuned operator; the model comes back unchanged"
+        return model, report
+    report.tasks = _tasks(found.matches, node_times(gm, args))
+    log_dir = Path(log_dir)
+    _tune_all(report.tasks, device, log_dir, trials, shipped, progress)
+    best = [t.record for t in report.tasks if t.record is not None]
+    if best:
+        report.package, report.exported = _package(best, log_dir / "package")
+    done = rewrite(gm, args, ruleset, _ready(report.tasks))
+    report.replaced, report.kept = done.replaced, done.kept
+    if not done.replaced:
+        report.note = "no replacement was kept; the model comes back unchanged"
+        return model, report
+    _measure(report, model, gm, args, bench_rounds, bench_seconds)
+    return gm, report
+
+
+# ---- tasks --------------------------------------------------------------------------------------------------
+def _key(op: str, fields: dict[str, Any]) -> tuple[str, str]:
+    return op, search_spaces.get(op).Workload(**fields).key()
+
+
+def _tasks(matches: Sequence[GraphMatch], times: dict[str, float]) -> list[TaskReport]:
+    """One task per distinct (op, workload); a site's share of the eager time is split among its tasks."""
+    total = sum(times.values()) or 1.0
+    out: dict[tuple[str, str], TaskReport] = {}
+    for m in matches:
+        distinct: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        for op, f in m.tasks:
+            distinct.setdefault(_key(op, f), (op, f))
+        share = sum(times.get(n.name, 0.0) for n in m.nodes) / total
+        for key, (op, f) in distinct.items():
+            t = out.setdefault(key, TaskReport(op=op, fields=dict(f), workload_key=key[1]))
+            t.share += share / len(distinct)
+            t.sites += 1
+    return sorted(out.values(), key=lambda t: -t.share)
+
+
+def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, shipped: bool,
+              progress: bool) -> None:
+    from tqdm import tqdm
+
+    if progress:
+        for t in tasks:
+            tqdm.write(f"tune_model task: {t.describe(tuned=False)}")
+    bar = tqdm(tasks, desc="tune_model", unit="task", disable=not progress, dynamic_ncols=True)
+    try:
+        for t in bar:
+            bar.set_postfix_str(t.op)
+            _tune_task(t, device, log_dir / f"{t.op}.jsonl", trials, shipped, progress)
+    finally:
+        bar.close()
+
+
+def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool, progress: bool) -> None:
+    """Tune one task up to `trials` configs in its log (resume), then pick its best record."""
+    from .. import records
+    from ..task import make_task
+    from ..tuner import tune
+
+    task = make_task(t.op, device, **t.fields)
+    dev = task.device.name
+    mine = [r for r in records.current(records.for_task(records.load(log), t.op, t.workload_key, dev))
+            if r.error_kind != "harness"]  # as the tuner counts what it resumes
+    t.resumed = len({r.config_key for r in mine})
+    if t.resumed < trials and t.resumed < len(task.space):
+        try:
+            t.measured = tune(task, trials=trials - t.resumed, log=log, progress=progress).measured
+        except Exception as err:  # noqa: BLE001 -- one task's failure keeps its sites, not the whole model
+            warnings.warn(f"tune_model: tuning {t.op} {t.fields} failed: {type(err).__name__}: {err}",
+                          stacklevel=3)
+            t.why = f"tuning failed: {type(err).__name__}: {err}"
+            return
+    rec = records.best(records.current(records.load(log)), t.op, t.workload_key, dev)
+    t.source = "tuned"
+    if shipped:
+        pre = records.best(records.current(records.load_many(records.shipped_logs(t.op, dev))), t.op,
+                           t.workload_key, dev)
+        if pre is not None and (rec is None or pre.latency < rec.latency):
+            rec, t.source = pre, "shipped record"
+    if rec is None:
+        t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log})"
+        t.source = ""
+        return
+    t.record, t.best_s = rec, rec.latency
+
+
+def _ready(tasks: list[TaskReport]) -> Any:
+    """`ready(match)` for the rewrite: why a match cannot run on tuned kernels, or None."""
+    by_key = {(t.op, t.workload_key): t for t in tasks}
+
+    def ready(match: GraphMatch) -> str | None:
+        for op, fields in match.tasks:
+            t = by_key.get(_key(op, fields))
+            if t is None:
+                return (f"missing kernel: {op} {fields} was not tuned (the site appeared only after an earlier "
+                        f"rule's rewrite was refused)")
+            if t.record is None:
+                return f"missing kernel: {op}: {t.why}"
+        return None
+
+    return ready
+
+
+# ---- package ------------------------------------------------------------------------------------------------
+def _entry_key(op: str, workload_key: str, device: str, config: Any, version: str) -> tuple[str, ...]:
+    return op, workload_key, device, json.dumps(config, sort_keys=True), version
+
+
+def _package(best: list[Any], out: Path) -> tuple[Path, bool]:
+    """Export the records to `out` unless it already holds exactly their kernels; load it. (path, exported)"""
+    from ..package import read_manifest
+    from .registry import load
+
+    want = sorted(_entry_key(r.op, r.workload_key, r.device, r.config, r.template_version) for r in best)
+    try:
+        entries = read_manifest(out).get("kernels", [])
+        have = sorted(_entry_key(e["op"], e["workload_key"], e["device"], e["config"],
+                                 e.get("template_version", "")) for e in entries)
+        same = have == want and all((out / e["file"]).exists() for e in entries)
+    except (FileNotFoundError, ValueError, KeyError):
+        same = False
+    if not same:
+        from ..package import export
+        from .registry import REGISTRY
+
+        if any(p.path.resolve() == out.resolve() for p in REGISTRY.packages):
+            warnings.warn(f"tune_model: re-exporting {out}, loaded earlier in this process: kernel files keep "
+                          "their names, and the dynamic loader hands back the libraries it loaded first; run "
+                          "the rewritten model in a new process to be sure it uses the new kernels",
+                          stacklevel=3)
+        export(best, out)
+    load(out)
+    return out, not same
+
+
+# ---- measurement --------------------------------------------------------------------------------------------
+def _measure(report: TuneModelReport, model: torch.nn.Module, gm: torch.nn.Module, args: tuple[Any, ...],
+             rounds: int, seconds: float) -> None:
+    """Max |optimized - eager| on the example inputs, and both latencies (interleaved rounds, medians)."""
+    with torch.inference_mode():
+        ref, out = model(*args), gm(*args)
+        report.max_abs_diff = _max_diff(ref, out)
+        if rounds < 1:
+            return
+        from ..bench import median_seconds
+
+        times: dict[str, list[float]] = {"eager": [], "optimized": []}
+        for _ in range(rounds):
+            times["eager"].append(median_seconds(lambda: model(*args), seconds))
+            times["optimized"].append(median_seconds(lambda: gm(*args), seconds))
+    report.eager_s = statistics.median(times["eager"])
+    report.optimized_s = statistics.median(times["optimized"])
+
+
+def _max_diff(ref: Any, out: Any) -> float:
+    a, b = pytree.tree_leaves(ref), pytree.tree_leaves(out)
+    if len(a) != len(b):
+        return math.nan
+    worst = 0.0
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape:
+                return math.nan
+            if x.numel():
+                worst = max(worst, float((x.double() - y.double()).abs().max()))
+    return worst
+
+
+def _threads() -> dict[str, str]:
+    try:
+        from . import threads
+    except ImportError:
+        return {}
+    settings = getattr(threads, "settings", None)
+    return dict(settings()) if callable(settings) else {}

@@ -1,0 +1,225 @@
+"""Two thread pools in one process: a tuned kernel between PyTorch ops, under several thread settings.
+
+TVM's CPU pool and PyTorch's OpenMP pool (libgomp in the CPU wheel; MKL and oneDNN run on it) each keep their
+workers busy-waiting for a while after a parallel region, on the same cores. A tuned op followed by a PyTorch op
+then pays for the other pool's spinning. For each setting, in a fresh child process (both pools read their
+environment when they start), this times interleaved in rounds: the tuned one-hot embedding bag alone, PyTorch's
+F.embedding_bag and a Linear alone, and the pairs (tuned op, then the PyTorch op) in a loop. It prints medians
+and pair / (sum of the two alone): 1.00 means the pools do not get in each other's way. Usage:
+    python benchmarks/thread_pools.py [--package DIR] [--repeats 3] [--only NAME,NAME]
+The default package is an untuned (default-config) kernel for the one-hot shape, built here (about 15 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import warnings
+from typing import Callable
+
+WORKLOAD = dict(rows=200000, dim=64, batch=2048, pooling=1)
+LINEAR = (2048, 512, 256)  # batch, in, out: a layer of DLRM's bottom MLP (MKL/oneDNN on the OpenMP pool)
+VARIABLES = ("TVM_NUM_THREADS", "TVM_BIND_THREADS", "TVM_EXCLUDE_WORKER0", "TVM_THREAD_POOL_SPIN_COUNT",
+             "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "AUTOTUNE_THREAD_DEFAULTS", "THREAD_POOLS_BENCH_OMP_LAUNCH")
+OMP_LAUNCH = "THREAD_POOLS_BENCH_OMP_LAUNCH"  # the child points the kernels' parallel launch at OpenMP
+CONTENDERS = ("tuned", "F.embedding_bag", "tuned + F.embedding_bag", "Linear", "tuned + Linear")
+
+
+def settings() -> dict[str, dict[str, str]]:
+    """Name -> environment of the child. Every row but the last switches autotune's own defaults off."""
+    off = {"AUTOTUNE_THREAD_DEFAULTS": "0"}
+    return {
+        "TVM defaults": off,  # spin 300000, workers bound to cores; threads = cores (autotune sets it)
+        "spin=0": {**off, "TVM_THREAD_POOL_SPIN_COUNT": "0"},
+        "spin=1000": {**off, "TVM_THREAD_POOL_SPIN_COUNT": "1000"},
+        "spin=0 + bind=0": {**off, "TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "0"},
+        "tvm threads=1": {**off, "TVM_NUM_THREADS": "1"},  # TVM's own default on a 2-vCPU x86 (half)
+        "OMP passive": {**off, "OMP_WAIT_POLICY": "PASSIVE"},  # PyTorch's side; needs setting before import
+        "GOMP_SPINCOUNT=1000": {**off, "GOMP_SPINCOUNT": "1000"},
+        "spin=0 + OMP passive": {**off, "TVM_THREAD_POOL_SPIN_COUNT": "0", "OMP_WAIT_POLICY": "PASSIVE"},
+        "on PyTorch's OpenMP pool": {**off, OMP_LAUNCH: "1"},  # experiment: TVM's parallel regions run on libgomp
+        "autotune default": {},
+    }
+
+
+# ---- the child: one setting, one process ------------------------------------------------------------------
+SHIM = r"""
+#include <omp.h>
+#include <stddef.h>
+typedef struct { void* sync_handle; int num_task; } Env;  /* TVMParallelGroupEnv */
+typedef int (*Lambda)(int task_id, Env* env, void* cdata);
+int omp_launch(Lambda f, void* cdata, int num_task) {
+  int err = 0;
+  #pragma omp parallel num_threads(num_task > 0 ? num_task : omp_get_max_threads()) reduction(|:err)
+  {
+    Env env = {NULL, omp_get_num_threads()};  /* the lambda splits its loop by env.num_task */
+    err |= f(omp_get_thread_num(), &env, cdata) != 0;
+  }
+  return err ? -1 : 0;
+}
+int omp_barrier(int task_id, Env* env) {
+  #pragma omp barrier
+  return 0;
+}
+"""
+
+
+def launch_on_openmp(files: list[str]) -> None:
+    """Point each kernel library's parallel-launch hook (the `__TVMBackendParallelLaunch` pointer TVM's runtime
+    fills at load) at an OpenMP launcher: the kernels then run on PyTorch's libgomp threads (already loaded by
+    `import torch`, so the shim's libgomp.so.1 is that one), one pool for both."""
+    import ctypes
+
+    work = tempfile.mkdtemp(prefix="omp-launch-")
+    src, lib = os.path.join(work, "shim.c"), os.path.join(work, "shim.so")
+    with open(src, "w") as f:
+        f.write(SHIM)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-fopenmp", src, "-o", lib], check=True)
+    shim = ctypes.CDLL(lib)
+    for path in files:
+        kernel = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        for hook, fn in (("__TVMBackendParallelLaunch", shim.omp_launch),
+                         ("__TVMBackendParallelBarrier", shim.omp_barrier)):
+            try:
+                ctypes.c_void_p.in_dll(kernel, hook).value = ctypes.cast(fn, ctypes.c_void_p).value
+            except ValueError:  # the kernel has no such hook (e.g. no barrier)
+                pass
+
+
+def contenders(pkg_dir: str, validate: bool) -> dict[str, Callable[[], object]]:
+    import torch
+    import torch.nn.functional as F
+
+    import autotune.torch as at
+    import search_spaces
+
+    pkg = at.load(pkg_dir)
+    w = search_spaces.get("embedding_bag").Workload(**WORKLOAD)
+    kernel = next((k for k in pkg.kernels if k.op == "embedding_bag" and k.workload == w), None)
+    if kernel is None:
+        raise SystemExit(f"{pkg_dir} has no embedding_bag kernel for {WORKLOAD} on this CPU")
+    if os.environ.get(OMP_LAUNCH) == "1":
+        launch_on_openmp([str(kernel.file)])
+    weight, idx, off = kernel.template.inputs(w, 0)
+    op = torch.ops.autotune.embedding_bag.default
+    batch, n_in, n_out = LINEAR
+    linear, x = torch.nn.Linear(n_in, n_out), torch.randn(batch, n_in)
+    torch.set_grad_enabled(False)
+
+    def tuned() -> object:
+        return op(weight, idx, off, mode="sum", validate=validate)
+
+    def eager_bag() -> object:
+        return F.embedding_bag(idx, weight, off, mode="sum")
+
+    def eager_linear() -> object:
+        return linear(x)
+
+    def pair(first: Callable[[], object], second: Callable[[], object]) -> Callable[[], object]:
+        return lambda: (first(), second())
+
+    warnings.simplefilter("error", at.NoTunedKernelWarning)  # a PyTorch fallback would time PyTorch twice
+    torch.testing.assert_close(tuned(), eager_bag())
+    fns = [tuned, eager_bag, pair(tuned, eager_bag), eager_linear, pair(tuned, eager_linear)]
+    return dict(zip(CONTENDERS, fns))
+
+
+def child(pkg_dir: str, rounds: int, seconds: float, validate: bool) -> None:
+    import torch
+    import tvm_ffi
+
+    from autotune.bench import median_seconds
+
+    fns = contenders(pkg_dir, validate)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(median_seconds(fn, seconds))
+    import autotune.torch.threads as threads
+
+    print(json.dumps({"ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
+                      "ms_min": {n: min(t) * 1e3 for n, t in times.items()},
+                      "tvm_threads": tvm_ffi.get_global_func("runtime.NumThreads")(),
+                      "torch_threads": torch.get_num_threads(), "applied": threads.applied()}))
+
+
+# ---- the parent: settings interleaved over repeats ---------------------------------------------------------
+def build_package() -> str:
+    from autotune.package import export
+    from autotune.task import make_task
+
+    out = tempfile.mkdtemp(prefix="autotune-thread-pools-")
+    task = make_task("embedding_bag", "cpu", **WORKLOAD)
+    export([task.record(task.space.default(), costs=(0.0,))], out)
+    return out
+
+
+def run_child(env_extra: dict[str, str], args: argparse.Namespace, pkg_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    env.update(env_extra)
+    cmd = [sys.executable, __file__, "--child", "--package", pkg_dir, "--rounds", str(args.rounds),
+           "--seconds", str(args.seconds)] + (["--validate"] if args.validate else [])
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"child failed ({env_extra}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ratio(ms: dict[str, float], torch_op: str) -> float:
+    return ms[f"tuned + {torch_op}"] / (ms["tuned"] + ms[torch_op])
+
+
+def report(results: dict[str, list[dict]], stat: str) -> None:
+    """One line per setting: the median over processes of each process's `stat` ("ms": median over rounds,
+    "ms_min": best round; the best round is what a quiet moment of a shared machine shows)."""
+    cols = ("tuned", "F.embedding_bag", "tuned + F.embedding_bag", "Linear", "tuned + Linear")
+    label = "median" if stat == "ms" else "best"
+    print(f"{'setting':<26s} {'tuned':>7s} {'F.eb':>7s} {'pair':>7s} {'ratio':>6s} {'Linear':>7s} {'pair':>7s} "
+          f"{'ratio':>6s}  tvm/torch threads  (ms; {label} round, median of {len(next(iter(results.values())))} "
+          f"processes)")
+    for name, runs in results.items():
+        med = {c: statistics.median(r[stat][c] for r in runs) for c in cols}
+        r_bag = statistics.median(ratio(r[stat], "F.embedding_bag") for r in runs)
+        r_lin = statistics.median(ratio(r[stat], "Linear") for r in runs)
+        print(f"{name:<26s} {med['tuned']:7.3f} {med['F.embedding_bag']:7.3f} {med['tuned + F.embedding_bag']:7.3f} "
+              f"{r_bag:6.2f} {med['Linear']:7.3f} {med['tuned + Linear']:7.3f} {r_lin:6.2f}  "
+              f"{runs[0]['tvm_threads']}/{runs[0]['torch_threads']}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--package", help="a package with an embedding_bag kernel for the one-hot shape")
+    p.add_argument("--repeats", type=int, default=3, help="child processes per setting (interleaved)")
+    p.add_argument("--rounds", type=int, default=8, help="rounds over the contenders within a child")
+    p.add_argument("--seconds", type=float, default=0.05, help="timing per contender per round")
+    p.add_argument("--only", help="comma-separated setting names")
+    p.add_argument("--validate", action="store_true", help="the tuned op checks its inputs (default: not)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args.package, args.rounds, args.seconds, args.validate)
+    pkg_dir = args.package or build_package()
+    table = settings()
+    if args.only:
+        table = {n: table[n] for n in args.only.split(",")}
+    results: dict[str, list[dict]] = {name: [] for name in table}
+    load0 = os.getloadavg()[0]
+    for i in range(args.repeats):
+        for name, env in table.items():
+            results[name].append(run_child(env, args, pkg_dir))
+            print(f"  [{i + 1}/{args.repeats}] {name}: {results[name][-1]['ms']}", file=sys.stderr, flush=True)
+    for stat in ("ms", "ms_min"):
+        report(results, stat)
+    applied = next((r["applied"] for r in results.get("autotune default", [])), None)
+    if applied is not None:
+        print(f"autotune default applies: {applied}")
+    print(f"load average (1 min) at start {load0:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()

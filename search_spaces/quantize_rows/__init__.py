@@ -1,0 +1,40 @@
+"""Row-wise symmetric int8 quantization of activations: (q = round(x / scale), scale = max|x_row| / 127).
+
+The template of `search_spaces.Template`: workload.py holds the semantics (exactly PyTorch's, bit for bit: see
+there), inputs, reference and checks; cpu.py the two-pass vector kernel (max |x|, then divide, round half to
+even, clamp, narrow) and its knobs; cuda.py a block of threads per row (or a warp per row, several rows a
+block) with a cross-thread max reduction. An int8 MLP layer (qmatmul's QuantLinear) quantizes its input here
+instead of in six eager PyTorch ops.
+"""
+
+from __future__ import annotations
+
+from ..template import GraphRule, TorchBinding, by_device
+from . import cpu, cuda
+from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
+                       traffic)
+
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "torch_binding", "traffic"]
+
+NAME = "quantize_rows"
+DOC = "row-wise symmetric int8 quantization: q = round(x / scale) in [-127, 127], scale = max|x_row| / 127"
+EXAMPLE_SHAPE = "rows=2048,cols=512"
+TEST_SHAPE = "rows=9,cols=37"  # cols not a multiple of any vector width: the scalar tail is exercised
+WEIGHTS: tuple[int, ...] = ()  # no model weights: the input is an activation
+
+
+space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
+
+
+def torch_binding() -> TorchBinding:
+    """`torch.ops.autotune.quantize_rows` (imports torch)."""
+    from .torch_op import BINDING
+
+    return BINDING
+
+
+def graph_rules() -> tuple[GraphRule, ...]:
+    """None of its own: qmatmul's graph rule inserts this op in front of each int8 layer it makes."""
+    return ()

@@ -1,0 +1,108 @@
+"""`torch.ops.autotune.quantize_rows`: row-wise int8 quantization of activations as a PyTorch op.
+
+Kernels are compiled for the row width (cols) and take any number of rows. The op returns (q, scale) and has
+no gradient: it serves int8 inference (qmatmul's QuantLinear calls it in front of every int8 layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from .._torch_checks import need
+from ..template import InvalidDtype, Route, TorchBinding
+from .workload import QMAX, Workload, inputs, quantize_rows as _quantize_rows
+
+__all__ = ["BINDING", "check", "quantize_rows"]
+
+OP = "quantize_rows"
+
+
+def quantize_rows(x: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per row of a (rows, cols) float32 x: (q = round(x / scale) in [-127, 127] (half to even),
+    scale = max(max |x_row|, 1e-12) / 127, float32 (rows,))."""
+    return _quantize_rows(x)
+
+
+def check(x: Tensor, validate: bool = True) -> None:
+    """Metadata only (no pass over the data): a 2-D float32 contiguous tensor."""
+    need(x.dim() == 2, OP, f"x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+    need(x.dtype == torch.float32, OP, f"x must be float32, got {x.dtype}", InvalidDtype)
+    need(x.is_contiguous(), OP, "x must be contiguous (call .contiguous() on it)")
+
+
+def fake(x: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+def route(x: Tensor, validate: bool = True) -> Route | str:
+    if x.dim() != 2:  # validate=False skips check: route must not index a shape that is not there
+        return f"x must be 2-D, got shape {tuple(x.shape)}"
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        return f"kernels take contiguous float32, got {x.dtype}" + ("" if x.is_contiguous() else " (strided)")
+    return Route((x.shape[1],), x.shape[0])
+
+
+def run(chunks: Sequence[Any], x: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
+    return chunks[0].kernel(x)
+
+
+def compiled(w: Workload) -> tuple[Any, ...]:
+    return (w.cols,)
+
+
+def describe(signature: tuple[Any, ...]) -> str:
+    (cols,) = signature
+    return f"cols={cols}"
+
+
+def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """The tuned rows, one row and one past the tuned rows, a zero row (the 1e-12 clamp), huge and tiny
+    magnitudes, quotients exactly on .5 (half to even) and at the ends of the range, and `count` random rows."""
+
+    def x_of(rows: int, s: int) -> Tensor:
+        return inputs(dataclasses.replace(w, rows=rows), s)[0]
+
+    rng = random.Random(seed)
+    out = [(f"rows={r}" + (" (tuned)" if r == w.rows else ""), (x_of(r, seed + i),), {})
+           for i, r in enumerate(dict.fromkeys([w.rows, 1, w.rows + 1]))]
+    zeros = x_of(w.rows, seed)
+    zeros[0] = 0.0
+    out.append(("a zero row", (zeros,), {}))
+    out.append(("magnitudes 1e30 and 1e-30", (_magnitudes(x_of(w.rows, seed + 3)),), {}))
+    out.append(("quotients on .5 boundaries", (half_boundaries(w.rows, w.cols, seed),), {}))
+    out.append(("quotients on .5 boundaries, random scales", (half_boundaries(w.rows, w.cols, seed, True),), {}))
+    for i in range(count):
+        rows = rng.randint(1, 2 * w.rows + 8)
+        out.append((f"random rows={rows} (seed {seed + 10 + i})", (x_of(rows, seed + 10 + i),), {}))
+    return out
+
+
+def _magnitudes(x: Tensor) -> Tensor:
+    """Rows alternately scaled to ~1e30 and ~1e-30 (the clamp makes the tiny rows' q all zero)."""
+    x = x / x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    factor = torch.where(torch.arange(x.shape[0]) % 2 == 0, 1e30, 1e-30)
+    return (x * factor[:, None]).contiguous()
+
+
+def half_boundaries(rows: int, cols: int, seed: int, random_scales: bool = False) -> Tensor:
+    """Rows whose quotients x / scale lie on k + 0.5 (for scale 1: exactly; otherwise as close as float32
+    allows, where dividing and multiplying by the reciprocal round differently), with the row max at column 0.
+
+    With `random_scales` the row max is 127 * s for a random s, so scale = s up to rounding."""
+    gen = torch.Generator().manual_seed(seed)
+    s = (torch.pow(10.0, torch.empty(rows, 1).uniform_(-4, 4, generator=gen)) if random_scales
+         else torch.ones(rows, 1))
+    k = torch.randint(-QMAX, QMAX, (rows, cols), generator=gen).float() + 0.5
+    x = k * s
+    x[:, 0] = (QMAX * s)[:, 0]
+    return x.contiguous()
+
+
+BINDING = TorchBinding(
+    op=quantize_rows, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.rows,
+    any_size=True, describe=describe, cases=cases)

@@ -1,0 +1,113 @@
+"""Row-wise symmetric int8 quantization: workload, semantics, inputs, checks, kernel arguments. No TVM import.
+
+Per row r of a float32 (rows, cols) matrix x:
+    scale[r] = max(max_c |x[r, c]|, 1e-12) / 127                    (float32, IEEE division)
+    q[r, c]  = clamp(round_half_even(x[r, c] / scale[r]), -127, 127)  (int8; a division, not x * (1/scale))
+the activation quantization of an int8 MLP layer (the `a`, `a_scale` of qmatmul). Every step is exact or one
+correctly rounded IEEE operation, so a kernel that divides (and rounds half to even, as torch.round does)
+reproduces PyTorch bit for bit: the tolerance is zero. Multiplying by the reciprocal instead differs in the last
+bit of x / scale, which moves q by one where the quotient sits at a .5 boundary. Inputs are finite: NaN and
+infinities have no meaningful int8 image (PyTorch's cast of NaN is undefined).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..space import Config
+from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+
+QMAX = 127  # symmetric range [-127, 127]: -128 is never produced, so negation stays in range
+EPS = 1e-12  # smallest row max: an all-zero row gets a tiny positive scale (and q = 0), not a division by 0
+
+
+@dataclass(frozen=True)
+class Workload(_Workload):
+    """One call: `rows` activation rows (the batch: any number at run time, tuned for this one) of `cols`."""
+
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "cols"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise WorkloadError(f"{name} must be an integer, got {value!r}")
+            if value < 1:
+                raise WorkloadError(f"{name} must be >= 1, got {value}")
+
+
+def quantize_rows(x: Any) -> tuple[Any, Any]:
+    """The semantics on a tensor (any rows, device): (q int8 in [-127, 127], scale float32 per row).
+
+    The torch op's PyTorch implementation and the reference kernels are checked against."""
+    import torch
+
+    scale = x.abs().amax(dim=1).clamp_min(EPS) / float(QMAX)
+    return torch.round(x / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8), scale
+
+
+def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
+    """(x,): activations of mixed magnitude per row (rows' scales differ by orders of magnitude, as after a
+    layer whose units fire unevenly), torch float32 on the CPU."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = torch.pow(10.0, torch.empty(w.rows, 1).uniform_(-3, 3, generator=gen))
+    return (torch.randn(w.rows, w.cols, generator=gen) * magnitude,)
+
+
+def reference(w: Workload, x: Any) -> tuple[Any, Any]:
+    return quantize_rows(x)
+
+
+def baselines(w: Workload, x: Any) -> dict[str, Callable[[], Any]]:
+    """PyTorch's eager paths: the reference as written (six ops, four temporaries) and the same steps with one
+    temporary updated in place (what a careful eager implementation does)."""
+    import torch
+
+    def in_place() -> tuple[Any, Any]:
+        scale = torch.amax(x.abs(), dim=1).clamp_min_(EPS).div_(float(QMAX))
+        t = torch.div(x, scale[:, None])
+        return t.round_().clamp_(-QMAX, QMAX).to(torch.int8), scale
+
+    return {"torch eager": lambda: quantize_rows(x), "torch eager (in place)": in_place}
+
+
+def check_inputs(w: Workload, x: Any) -> None:
+    """What this workload's kernel needs (a (rows, cols) float32 tensor, any rows), then the op's own checks."""
+    import torch
+
+    from .torch_op import check  # imports torch: not at module level
+
+    if not isinstance(x, torch.Tensor):
+        raise InvalidDtype(f"quantize_rows: x must be a torch.Tensor, got {type(x).__name__}")
+    check(x)
+    if x.shape[1] != w.cols:
+        raise InvalidInput(f"quantize_rows: x must have {w.cols} columns for this kernel, got {tuple(x.shape)}")
+
+
+def pack(w: Workload, cfg: Config, *weights: Any) -> tuple[Any, ...]:
+    """Nothing to pack: the input is an activation (WEIGHTS is empty)."""
+    return weights
+
+
+def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], x: Any) -> tuple[Sequence[Any], Any]:
+    """(x, q, scale) with the outputs allocated on x's device, and the output pair (q, scale)."""
+    import torch
+
+    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    scale = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    return [x, q, scale], (q, scale)
+
+
+def traffic(w: Workload, x: Any) -> Traffic:
+    """Bytes that must cross the bus once: x read (4 B), q written (1 B), one scale per row (4 B)."""
+    rows = x.shape[0]
+    return Traffic(bytes=float(rows * w.cols * 5 + rows * 4), ops=0.0, unit="GB/s")
+
+
+def tolerance(w: Workload) -> tuple[float, float]:
+    """Exact: the max is exact and each division is one correctly rounded IEEE operation, as in PyTorch."""
+    return (0.0, 0.0)

@@ -1,0 +1,251 @@
+"""Row-wise int8 quantization: the semantics' edge cases, CPU kernels bit for bit against PyTorch (every knob
+value, ragged and narrow rows, any batch), the torch op with a loaded kernel (and QuantLinear on it), and the
+CUDA kernels (built with nvcc within the device's limits, and emulated on the CPU)."""
+
+import shutil
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import autotune.torch as at
+from autotune.build import compile_module
+from autotune.package import export
+from autotune.task import make_task
+from cuda_emulator import cuda_source, emulate_cuda
+from gpu_build import ARCHS, assert_built_within_limits, build_sample
+from search_spaces import Config, InvalidConfig, InvalidDtype, InvalidInput
+from search_spaces import quantize_rows as qr
+from search_spaces.quantize_rows import cpu, cuda
+from search_spaces.quantize_rows.torch_op import BINDING, half_boundaries
+
+QR = torch.ops.autotune.quantize_rows
+
+
+def exact(got, want, msg=""):
+    (q, s), (q_ref, s_ref) = got, want
+    assert q.dtype == torch.int8 and s.dtype == torch.float32, msg
+    assert torch.equal(s, s_ref), f"{msg}: scales differ"
+    bad = (q != q_ref).nonzero()
+    assert not len(bad), f"{msg}: {len(bad)} q differ, first at {bad[0].tolist()}"
+
+
+def inputs_of_every_case(w):
+    """The x of each of the op's cases (several batches, zero row, extremes, .5 boundaries), and their names."""
+    return [(name, args[0]) for name, args, _ in BINDING.cases(w, 3, 2)]
+
+
+# ---- the semantics --------------------------------------------------------------------------------------------
+def test_semantics_round_half_to_even_clamp_zero_rows_and_the_range():
+    x = torch.tensor([[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -127.0],  # scale exactly 1: quotients on .5
+                      [0.0] * 8,  # all zero: scale is the clamped 1e-12 / 127, q all 0
+                      [1e-30, -1e-30, 0, 0, 0, 0, 0, 0]])  # tiny: below the clamp, q all 0
+    q, s = qr.reference(None, x)
+    assert q[0].tolist() == [127, 2, 4, -2, 0, 0, 2, -127]  # half to even (not half away from zero)
+    assert s[0] == 1.0 and torch.equal(s[1:], torch.full((2,), torch.tensor(1e-12) / 127))
+    assert not q[1:].any()
+    big = torch.randn(64, 40) * 1e30
+    q, s = qr.reference(None, big)
+    assert int(q.min()) >= -127 and int(q.max()) <= 127 and (q.abs() == 127).sum(1).min() >= 1
+
+
+def test_boundary_inputs_tell_division_from_reciprocal_and_rounding_modes():
+    """The .5 cases catch a kernel that multiplies by 1/scale or rounds half away from zero."""
+    x = half_boundaries(64, 40, 0, random_scales=True)
+    q, s = qr.reference(None, x)
+    by_reciprocal = torch.round(x * (1 / s)[:, None]).clamp(-127, 127).to(torch.int8)
+    t = x / s[:, None]
+    half_away = (torch.sign(t) * torch.floor(t.abs() + 0.5)).clamp(-127, 127).to(torch.int8)
+    assert (q != by_reciprocal).float().mean() > 0.02 and (q != half_away).float().mean() > 0.2
+
+
+# ---- CPU kernels ------------------------------------------------------------------------------------------------
+# Every knob value at least once over the three shapes (a config also leaves some knobs at the default).
+SHAPES = {
+    "ragged": (dict(rows=9, cols=37), [dict(threading="serial", lanes=16, max_chains=1, quant_unroll=1),
+                                       dict(rows_per_task=1, lanes=4, max_chains=8, quant_unroll=1)]),
+    "narrow": (dict(rows=5, cols=3), [dict(lanes=4, max_chains=1, rows_per_task=2)]),  # all scalar tail
+    "whole-vectors": (dict(rows=6, cols=64), [dict(rows_per_task=128, max_chains=4, quant_unroll=4),
+                                              dict(lanes=16, rows_per_task=4, quant_unroll=1),
+                                              dict(rows_per_task=8), dict(rows_per_task=32), dict(rows_per_task=64)]),
+}
+
+
+@pytest.mark.parametrize("shape, changes", SHAPES.values(), ids=SHAPES.keys())
+def test_cpu_kernels_are_bit_exact_for_every_knob_value(shape, changes):
+    task = make_task("quantize_rows", "cpu", **shape)
+    default = task.space.default().to_json()
+    configs = [task.space.default(), *(task.space.make({**default, **change}) for change in changes)]
+    cases = inputs_of_every_case(task.workload)
+    for cfg in configs:
+        func = compile_module(task, cfg)["main"]
+        for name, x in cases:
+            args, out = qr.kernel_args(task.workload, cfg, (), x)
+            func(*args)
+            exact(out, qr.reference(task.workload, x), f"{cfg} {name}")
+
+
+def test_the_configs_above_cover_every_cpu_knob_value(host):
+    seen: dict[str, set] = {}
+    for shape, changes in SHAPES.values():
+        sp = qr.space(qr.Workload(**shape), host.target())
+        for cfg in [sp.default(), *(sp.make({**sp.default().to_json(), **c}) for c in changes)]:
+            for name, value in cfg.to_json().items():
+                seen.setdefault(name, set()).add(value)
+    for knob in (cpu.THREADING, cpu.ROWS_PER_TASK, cpu.LANES, cpu.MAX_CHAINS, cpu.QUANT_UNROLL):
+        assert seen[knob.name] == set(knob.options), knob.name
+
+
+def test_cpu_space_follows_the_row_width_and_lower_refuses_bad_configs(host):
+    knobs = {k.name: set(k.values) for k in qr.space(qr.Workload(rows=4, cols=3), host.target()).knobs}
+    assert knobs["lanes"] == {4}  # wider vectors would leave every column to the scalar tail
+    sp = qr.space(qr.Workload(rows=4, cols=40), host.target())
+    good = sp.default().to_json()
+    with pytest.raises(InvalidConfig, match="divide"):
+        sp.make({**good, "lanes": 16, "quant_unroll": 4})  # 40 // 16 = 2 vectors
+    with pytest.raises(InvalidConfig, match="rows_per_task"):
+        sp.make({**good, "threading": "serial", "rows_per_task": 4})
+    raw = Config(tuple({**good, "lanes": 16, "quant_unroll": 4}.items()))
+    with pytest.raises(InvalidConfig, match="quant_unroll"):
+        qr.lower(qr.Workload(rows=4, cols=40), raw, host.target())
+
+
+def test_cpu_kernel_divides_and_vectorises(host):
+    """The quotient is a vector division (a reciprocal multiply is not bit-exact) and rounding vectorises in
+    TVM: a scalarized quantizing loop comes back from LLVM's loop vectorizer as strided shuffles (2-3x slower)."""
+    import tvm
+
+    w = qr.Workload(rows=16, cols=64)
+    mod = cpu.lower(w, cpu.space(w, host.target()).default(), host.target())
+    asm = tvm.compile(mod, target=host.target()).mod.inspect_source("asm")
+    if "vdivps" not in asm:
+        pytest.skip(f"no AVX on {host.name}")
+    assert "vroundps" in asm and "vrcpps" not in asm
+    assert "vunpcklps" not in asm and "vshufps" not in asm, "strided shuffles: TVM scalarized the rounding"
+
+
+# ---- the torch op -------------------------------------------------------------------------------------------
+KERNELS = [("quantize_rows", dict(rows=8, cols=32)), ("qmatmul", dict(m=8, k=32, n=16))]
+W = qr.Workload(rows=8, cols=32)  # the op's cases: several batches, a zero row, extremes, .5 boundaries
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qr-pkg")
+    tasks = [make_task(op, "cpu", **fields) for op, fields in KERNELS]
+    export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out)
+    return out
+
+
+@pytest.fixture()
+def pkg(package):
+    at.unload_all()
+    loaded = at.load(package)
+    for k in loaded.kernels:
+        k.calls = 0
+
+        def counting(*args, _k=k, _f=k.func):
+            _k.calls += 1
+            return _f(*args)
+
+        k.func = counting
+    yield loaded
+    at.unload_all()
+
+
+def calls(pkg, op):
+    return sum(k.calls for k in pkg.kernels if k.op == op)
+
+
+def test_torch_op_runs_the_kernel_on_every_case_bit_exact(pkg):
+    cases = inputs_of_every_case(W)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        for name, x in cases:
+            exact(QR(x), qr.reference(W, x), name)
+            exact(QR(x, False), qr.reference(W, x), name + " (validate=False)")
+    assert calls(pkg, "quantize_rows") == 2 * len(cases)
+    q, s = QR(torch.empty(7, 32, device="meta"))  # the fake: shapes and dtypes without data
+    assert (q.shape, q.dtype, s.shape, s.dtype) == ((7, 32), torch.int8, (7,), torch.float32)
+
+
+def test_torch_op_refuses_bad_tensors_and_falls_back_on_strided_ones(pkg):
+    with pytest.raises(InvalidDtype, match="float32"):
+        QR(torch.randn(4, 32, dtype=torch.float64))
+    with pytest.raises(InvalidInput, match="2-D"):
+        QR(torch.randn(32))
+    strided = torch.randn(32, 4).t()
+    with pytest.raises(InvalidInput, match="contiguous"):
+        QR(strided)
+    with pytest.warns(at.NoTunedKernelWarning, match="strided"):  # unvalidated: PyTorch's path, still right
+        exact(QR(strided, False), qr.reference(None, strided))
+    with pytest.warns(at.NoTunedKernelWarning, match="cols=5"):
+        QR(torch.randn(3, 5))
+    assert calls(pkg, "quantize_rows") == 0
+
+
+def test_quant_linear_quantizes_its_input_in_the_kernel(pkg):
+    linear = nn.Linear(32, 16)
+    layer = at.QuantLinear.from_float(linear)
+    x = torch.randn(2, 4, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        y = layer(x)
+    assert calls(pkg, "quantize_rows") == 1 and calls(pkg, "qmatmul") == 1
+    a, s = at.quantize_rows(x.reshape(8, 32))  # the eager semantics, still exported
+    want = (a.double() @ layer.weight.double().t()).float() * s[:, None] * layer.w_scale + layer.bias
+    torch.testing.assert_close(y.reshape(8, 16), want, rtol=1e-5, atol=1e-5)
+
+
+def test_autotune_check_compares_every_tensor_of_a_tuple_output():
+    from autotune.check import _compare
+
+    x = half_boundaries(4, 32, 0, random_scales=True)
+    q, s = qr.reference(W, x)
+    assert _compare((q, s), (q, s), 0.0, 0.0) == (0.0, 0.0, None)
+    off = q.clone()
+    off[2, 5] += 1
+    assert "output 0: error 1 at flat index 69" in _compare((off, s), (q, s), 0.0, 0.0)[2]
+    assert "output 1" in _compare((q, s * 2), (q, s), 0.0, 0.0)[2]
+    assert "not 2 tensors" in _compare(q, (q, s), 0.0, 0.0)[2]
+
+
+# ---- CUDA ---------------------------------------------------------------------------------------------------
+# No GPU here: kernels are built with nvcc (limits checked by ptxas) and their CUDA C is emulated on the CPU.
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_default_and_sampled_configs_build_within_limits(gpu_builder, arch):
+    task, built = build_sample(gpu_builder, "quantize_rows", arch, n=2, seed=7, rows=64, cols=512)
+    assert_built_within_limits(task, built)
+
+
+def test_gpu_space_follows_the_row_width():
+    narrow = {k.name: set(k.values) for k in make_task("quantize_rows", "cuda:sm_90", rows=4, cols=20).space.knobs}
+    assert narrow["threads"] == {32}
+    for cfg in make_task("quantize_rows", "cuda:sm_90", rows=64, cols=4096).space:
+        assert cfg[cuda.THREADS] * cfg[cuda.ROWS_PER_BLOCK] <= cuda.MAX_THREADS
+
+
+def _emulated(task, cfg, x):
+    src = cuda_source(task, cfg)
+    head = src.index('extern "C" __global__')  # the kernel's declaration; the emulator's prelude lacks nearbyintf
+    at_ = src.index(";", head) + 1
+    src = src[:at_] + '\nextern "C" float nearbyintf(float);\n' + src[at_:]
+    rows, rpb = x.shape[0], cfg[cuda.ROWS_PER_BLOCK]
+    q, s = torch.full(x.shape, 99, dtype=torch.int8), torch.full((rows,), float("nan"))
+    emulate_cuda(src, (-(-rows // rpb),), (cfg[cuda.THREADS], rpb), dict(x=x, q=q, scale=s, B=rows))
+    return q, s
+
+
+@pytest.mark.parametrize("change", [{}, dict(threads=64), dict(rows_per_block=4), dict(threads=64, rows_per_block=2)],
+                         ids=["warp-per-row", "two-warps", "4-rows-a-block", "two-warps-2-rows"])
+def test_cuda_kernels_are_bit_exact_when_emulated(change):
+    """One warp (shuffles only) or two (shared memory between them) per row, one or several rows a block, with
+    a batch that leaves the last block part empty."""
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA emulator needs g++")
+    task = make_task("quantize_rows", "cuda:sm_90", rows=9, cols=37)
+    cfg = task.space.make({**task.space.default().to_json(), **change})
+    for rows, x in [(7, half_boundaries(7, 37, 1, random_scales=True)), (5, qr.inputs(qr.Workload(5, 37), 2)[0])]:
+        x[rows - 1] = 0.0  # a zero row: the clamp
+        exact(_emulated(task, cfg, x), qr.reference(None, x), f"{cfg} rows={rows}")

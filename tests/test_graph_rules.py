@@ -1,0 +1,373 @@
+"""The operators' graph rules (search_spaces/<op>/graph.py): recognition by structure on torch.export'ed graphs.
+
+No kernels are loaded: the torch ops then run PyTorch's implementation of the same math, so each test captures
+a small model, runs a rule's find + replace, rewires the outputs as the engine does after its check by numbers,
+and compares the rewritten graph with the eager model (at the example batch and at another one: the captured
+graph is dynamic in the batch).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import pytest
+from torch import nn
+
+import autotune.torch  # noqa: F401 -- registers torch.ops.autotune.*
+import search_spaces
+from autotune.torch.graph import capture, example_values
+from search_spaces.template import GraphMatch, Kept
+
+pytestmark = pytest.mark.filterwarnings("ignore::autotune.torch.ops.NoTunedKernelWarning")
+
+aten = torch.ops.aten
+HAS_TBE = hasattr(torch.ops.autotune, "batched_embedding_bag")
+
+
+def rule(op: str):
+    (r,) = search_spaces.get(op).graph_rules()
+    return r
+
+
+def run_rule(gm, args, op: str, claimed=()):
+    """The rule's finds; each match replaced and rewired (as the engine commits a match that agrees)."""
+    found = list(rule(op).find(gm, example_values(gm, args), set(claimed)))
+    for m in found:
+        if isinstance(m, GraphMatch):
+            new = m.replace(gm)
+            assert len(new) == len(m.outputs)
+            for old, n in zip(m.outputs, new):
+                old.replace_all_uses_with(n, delete_user_cb=lambda user, n=n: user is not n)
+    gm.graph.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_module" or n.is_impure())
+    gm.graph.lint()
+    gm.recompile()
+    return [m for m in found if isinstance(m, GraphMatch)], [k for k in found if isinstance(k, Kept)]
+
+
+def targets(gm) -> set:
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def close(a, b, atol=1e-5) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=atol)
+
+
+# ---- the dot interaction ----------------------------------------------------------------------------------
+B, D = 6, 8
+
+
+class Interaction(nn.Module):
+    """DLRM's dot interaction of x and three embeddings, written one of the usual ways (or a look-alike)."""
+
+    def __init__(self, kind: str, self_interaction: bool = False):
+        super().__init__()
+        self.kind, self.self_interaction = kind, self_interaction
+
+    def features(self, x, ly):
+        k = self.kind
+        if k == "cat_view":
+            return torch.cat([x] + ly, 1).view(x.shape[0], -1, x.shape[1])
+        if k == "flat_block":  # the embeddings already side by side, (B, T*D)
+            return torch.cat([x, torch.cat(ly, 1)], 1).view(x.shape[0], -1, x.shape[1])
+        if k == "unsqueeze":
+            return torch.cat([x.unsqueeze(1), torch.stack(ly, 1)], 1)
+        if k == "view_x":
+            return torch.cat([x.view(-1, 1, x.shape[1])] + [e.unsqueeze(1) for e in ly], 1)
+        return torch.stack([x] + ly, 1)
+
+    def pairs(self, z, f, x):
+        k, off = self.kind, 0 if self.self_interaction else -1
+        if k == "dlrm":  # facebookresearch/dlrm's interact_features: li, lj by list comprehensions
+            o = 1 if self.self_interaction else 0
+            li = torch.tensor([i for i in range(f) for j in range(i + o)])
+            lj = torch.tensor([j for i in range(f) for j in range(i + o)])
+            return z[:, li, lj]
+        li, lj = torch.tril_indices(f, f, offset=off)
+        if k == "flat_select":
+            return z.flatten(1).index_select(1, li * f + lj)
+        if k == "flat_index":
+            return z.reshape(x.shape[0], -1)[:, li * f + lj]
+        if k == "upper":
+            li, lj = torch.triu_indices(f, f, offset=-off)
+        if k == "reordered":
+            li, lj = li.flip(0), lj.flip(0)
+        if k == "swapped":  # z is symmetric: z[j, i] is z[i, j]
+            li, lj = lj, li
+        if k == "from_inputs":
+            li = li + (x[0, 0] * 0).long()
+        return z[:, li, lj]
+
+    def forward(self, x, e0, e1, e2):
+        t = self.features(x, [e0, e1, e2])
+        f = t.shape[1]
+        if self.kind == "no_transpose":
+            z = torch.bmm(t, t)
+        elif self.kind == "stack":
+            z = torch.bmm(t, t.permute(0, 2, 1))
+        else:
+            z = torch.bmm(t, t.transpose(1, 2))
+        if self.kind == "scaled":
+            z = z * 0.5
+        p = self.pairs(z, f, x)
+        return torch.cat([p, x] if self.kind == "x_last" else [x, p], 1)
+
+
+def _inputs(batch: int, dim: int = D):
+    g = torch.Generator().manual_seed(batch)
+    return tuple(torch.randn(batch, dim, generator=g) for _ in range(4))
+
+
+COPIES = {"flat_block": "a view, no copy", "unsqueeze": "one stack copy", "view_x": "one stack copy"}
+
+
+@pytest.mark.parametrize("kind, self_interaction", [
+    *[(k, False) for k in ("cat_view", "stack", "unsqueeze", "view_x", "flat_block", "dlrm", "flat_select",
+                           "flat_index", "swapped")],
+    *[(k, True) for k in ("cat_view", "stack", "dlrm", "flat_select")]])
+def test_interaction_written_the_usual_ways_runs_the_op(kind, self_interaction):
+    model = Interaction(kind, self_interaction)
+    args = _inputs(B)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "interaction")
+    assert not kept and len(matches) == 1
+    (m,) = matches
+    assert m.tasks == (("interaction", dict(batch=B, tables=3, dim=D, self_interaction=self_interaction)),)
+    assert COPIES.get(kind, "one stack copy") in m.what
+    assert torch.ops.autotune.interaction.default in targets(gm) and aten.bmm.default not in targets(gm)
+    for batch in (B, 11):  # the rewritten graph serves other batches too
+        assert close(gm(*_inputs(batch)), model(*_inputs(batch)))
+
+
+@pytest.mark.parametrize("kind, why", [
+    ("upper", "upper triangle"), ("reordered", "another order"), ("scaled", "mul"), ("x_last", "cat([x, pairs], 1)"),
+    ("no_transpose", "not t.transpose(1, 2)"), ("from_inputs", "computed from the model's inputs")])
+def test_interaction_look_alikes_are_kept_and_say_why(kind, why):
+    model = Interaction(kind)
+    args = _inputs(B, 4 if kind == "no_transpose" else D)  # bmm(t, t) needs F == D
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "interaction")
+    assert not matches and len(kept) == 1 and why in kept[0].why, kept
+    assert aten.bmm.default in targets(gm) and torch.ops.autotune.interaction.default not in targets(gm)
+
+
+# ---- embedding bags ---------------------------------------------------------------------------------------
+class Bags(nn.Module):
+    def __init__(self, kind: str = "module"):
+        super().__init__()
+        self.kind = kind
+        self.emb = nn.EmbeddingBag(40, 8, mode="mean" if kind == "mean" else "sum",
+                                   padding_idx=-3 if kind == "padding_idx" else None,
+                                   include_last_offset=kind == "include_last_offset")
+        self.table = nn.Parameter(torch.randn(40, 8))
+
+    def forward(self, i, o, psw):
+        k = self.kind
+        if k == "functional":
+            return F.embedding_bag(i, self.table, o, mode="sum")
+        if k == "per_sample_weights":
+            return F.embedding_bag(i, self.table, o, mode="sum", per_sample_weights=psw)
+        if k == "fixed_bags":  # 2-D input: bags of 2, the offsets made in the graph
+            return self.emb(i.view(-1, 2))
+        if k == "include_last_offset":
+            return self.emb(i, torch.cat([o, o[-1:] + 2]))  # the last bag holds 2: the end of the indices
+        if k == "bag_size":
+            out, _, size, _ = torch.embedding_bag(self.table, i, o, False, 0, False, None, False)
+            return out + size.unsqueeze(1)
+        if k == "half_table":
+            return F.embedding_bag(i, self.table.half(), o).float()
+        return self.emb(i, o)
+
+
+def _bag_inputs(batch: int):
+    g = torch.Generator().manual_seed(batch)
+    sizes = torch.tensor([2] * batch)
+    sizes[0] = 0 if batch > 2 else 2  # an empty bag: pooling (0, 2)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)[:-1]])
+    n = int(sizes.sum())
+    return torch.randint(0, 40, (n,), generator=g), offsets, torch.rand(n, generator=g)
+
+
+def test_module_and_functional_embedding_bags_look_the_same():
+    fields = []
+    for kind in ("module", "functional"):
+        model = Bags(kind)
+        args = _bag_inputs(5)
+        gm = capture(model, args)
+        matches, kept = run_rule(gm, args, "embedding_bag")
+        assert not kept and len(matches) == 1
+        (op, f), = matches[0].tasks
+        fields.append(f)
+        assert op == "embedding_bag" and torch.ops.autotune.embedding_bag.default in targets(gm)
+        assert close(gm(*_bag_inputs(9)), model(*_bag_inputs(9)))
+    assert fields[0] == fields[1] == dict(rows=40, dim=8, batch=5, pooling=(0, 2), mode="sum", index_dtype="int64",
+                                          include_last_offset=False, padding_idx=None, per_sample_weights=False)
+
+
+@pytest.mark.parametrize("kind, field", [("mean", ("mode", "mean")), ("padding_idx", ("padding_idx", 37)),
+                                         ("include_last_offset", ("include_last_offset", True)),
+                                         ("per_sample_weights", ("per_sample_weights", True)),
+                                         ("fixed_bags", ("pooling", (2, 2)))])
+def test_embedding_bag_options_reach_the_task_and_the_op(kind, field):
+    model = Bags(kind)
+    args = _bag_inputs(5)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "embedding_bag")
+    assert not kept and len(matches) == 1
+    assert matches[0].tasks[0][1][field[0]] == field[1]
+    assert close(gm(*_bag_inputs(9)), model(*_bag_inputs(9)))
+
+
+@pytest.mark.parametrize("kind, why", [("bag_size", "bag_size"), ("half_table", "computed in the graph")])
+def test_embedding_bags_the_kernels_cannot_serve_are_kept(kind, why):
+    model = Bags(kind)
+    args = _bag_inputs(5)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "embedding_bag")
+    assert not matches and len(kept) == 1 and why in kept[0].why
+
+
+class Tables(nn.Module):
+    """Three dim-8 tables feeding one cat (in another order than defined), a dim-4 table and a weighted bag."""
+
+    def __init__(self):
+        super().__init__()
+        self.embs = nn.ModuleList(nn.EmbeddingBag(r, 8, mode="sum") for r in (30, 20, 50))
+        self.small = nn.EmbeddingBag(10, 4, mode="sum")
+        self.weighted = nn.EmbeddingBag(15, 8, mode="sum")
+
+    def forward(self, x, i0, o0, i1, o1, i2, o2):
+        e0, e1, e2 = self.embs[0](i0, o0), self.embs[1](i1, o1), self.embs[2](i2, o2)
+        w = self.weighted(i1 % 15, o1, per_sample_weights=torch.ones_like(i1, dtype=torch.float32))
+        t = torch.cat([x, e2, e0, e1], 1).view(x.shape[0], -1, x.shape[1])
+        z = torch.bmm(t, t.transpose(1, 2))
+        li, lj = torch.tril_indices(4, 4, offset=-1)
+        return torch.cat([x, z[:, li, lj]], 1), self.small(i0 % 10, o0) + w[:, :4]
+
+
+def _table_inputs(batch: int):
+    g = torch.Generator().manual_seed(batch)
+    out = [torch.randn(batch, 8, generator=g)]
+    for t, rows in enumerate((30, 20, 50)):
+        sizes = torch.randint(t, 2 * t + 2, (batch,), generator=g)  # table t: pooling t..2t+1
+        sizes[0] = t
+        sizes[1] = 2 * t + 1
+        out += [torch.randint(0, rows, (int(sizes.sum()),), generator=g),
+                torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)[:-1]])]
+    return tuple(out)
+
+
+@pytest.mark.skipif(not HAS_TBE, reason="torch.ops.autotune.batched_embedding_bag is not registered yet (helper C)")
+def test_bags_feeding_one_cat_become_one_batched_launch_read_in_place():
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "batched_embedding_bag")
+    assert not kept and len(matches) == 1
+    (m,) = matches
+    # tables in the cat's order (e2, e0, e1), pooling over all of them; the dim-4 and the weighted bag stay
+    assert m.tasks == (("batched_embedding_bag", dict(rows=(50, 30, 20), dim=8, batch=6, pooling=(0, 5), mode="sum",
+                                                       index_dtype="int64")),)
+    assert sum(n.target is torch.ops.autotune.batched_embedding_bag.default for n in gm.graph.nodes) == 1
+    assert sum(n.target in (aten.embedding_bag.padding_idx, aten.embedding_bag.default) for n in gm.graph.nodes) == 2
+    singles, _ = run_rule(gm, args, "embedding_bag")
+    assert len(singles) == 2  # the dim-4 table and the weighted bag
+    (inter,), _ = run_rule(gm, args, "interaction")
+    assert "in place (no copy)" in inter.what
+    call = next(n for n in gm.graph.nodes if n.target is torch.ops.autotune.interaction.default)
+    ly = call.args[1]
+    assert ly.target is aten.view.default and ly.args[0].target is torch.ops.autotune.batched_embedding_bag.default
+    for batch in (6, 9):
+        for got, want in zip(gm(*_table_inputs(batch)), model(*_table_inputs(batch))):
+            assert close(got, want)
+
+
+@pytest.mark.skipif(not HAS_TBE, reason="torch.ops.autotune.batched_embedding_bag is not registered yet (helper C)")
+def test_batched_tables_stay_one_copy_in_memory():
+    model = Tables()
+    args = _table_inputs(6)
+    want = model(*args)
+    gm = capture(model, args)
+    (m,), _ = run_rule(gm, args, "batched_embedding_bag")
+    fused = next(getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr" and "autotune_tables" in n.target)
+    assert fused.shape == (100, 8)
+    row = 0
+    for emb in (model.embs[2], model.embs[0], model.embs[1]):  # the model's own modules: views of the buffer
+        assert emb.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+        assert emb.weight.data_ptr() == fused[row].data_ptr()
+        row += emb.num_embeddings
+    assert isinstance(model.embs[0].weight, nn.Parameter)
+    for got, expected in zip(model(*args), want):  # eager still computes what it did
+        assert torch.equal(got, expected)
+    with torch.no_grad():
+        model.embs[0].weight[3] += 1.0  # one copy: an update of the module's table is what the graph reads
+    assert torch.equal(fused[50 + 3], model.embs[0].weight[3])
+
+
+@pytest.mark.skipif(not HAS_TBE, reason="torch.ops.autotune.batched_embedding_bag is not registered yet (helper C)")
+def test_a_second_rewrite_reuses_the_one_table_buffer_and_the_tables_train():
+    model = Tables()
+    args = _table_inputs(6)
+    first = capture(model, args)
+    run_rule(first, args, "batched_embedding_bag")
+    second = capture(model, args)  # e.g. tune_model called again, with quantize=True
+    run_rule(second, args, "batched_embedding_bag")
+    tables = [next(getattr(gm, n.target) for n in gm.graph.nodes
+                   if n.op == "get_attr" and "autotune_tables" in n.target) for gm in (first, second)]
+    assert tables[0].untyped_storage().data_ptr() == tables[1].untyped_storage().data_ptr()  # no second copy
+    assert isinstance(tables[1], nn.Parameter) and tables[1].requires_grad
+    loss = sum(o.sum() for o in second(*args))
+    loss.backward()
+    assert tables[1].grad is not None and tables[1].grad.abs().sum() > 0  # the fused table takes the gradient
+
+
+# ---- Linear (+ ReLU) -> int8 ------------------------------------------------------------------------------
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 40),
+                                    nn.Linear(40, 1))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_linear_relu_layers_become_quantize_rows_and_qmatmul():
+    model = MLP()
+    args = (torch.randn(16, 13),)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "qmatmul")
+    assert [m.tasks for m in matches] == [
+        (("qmatmul", dict(m=16, k=64, n=48, mode="int8", bias=True, relu=True)),
+         ("quantize_rows", dict(rows=16, cols=64))),
+        (("qmatmul", dict(m=16, k=48, n=40, mode="int8", bias=True, relu=False)),
+         ("quantize_rows", dict(rows=16, cols=48)))]
+    assert "ReLU fused" in matches[0].what and "ReLU" not in matches[1].what
+    assert sorted(k.why.split(":")[0] for k in kept) == ["in_features 13 < 32", "out_features 1 < 8"]
+    calls = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.qmatmul.default]
+    assert [n.args[-1] for n in calls] == [True, False]  # the ReLU is fused into the first one
+    assert sum(n.target is aten.relu.default for n in gm.graph.nodes) == 1  # the 13-feature layer's stays
+    assert sum(n.target is torch.ops.autotune.quantize_rows.default for n in gm.graph.nodes) == 2
+    got, want = gm(*args), model(*args)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()  # int8 error through two layers
+
+
+def test_int8_tolerance_refuses_a_layer_without_its_relu():
+    """The check by numbers must catch a plausible wrong rewrite (here: the ReLU dropped)."""
+    model = MLP()
+    args = (torch.randn(16, 13),)
+    gm = capture(model, args)
+    values = example_values(gm, args)
+    first = next(m for m in rule("qmatmul").find(gm, values, set()) if isinstance(m, GraphMatch))
+    _, atol = first.tolerance
+    relu_out = values[first.outputs[0].name]
+    linear_out = values[first.nodes[0].name]
+    assert atol > 0 and (relu_out - linear_out).abs().max() > atol  # a missing ReLU is refused
+    assert atol <= 0.05 * relu_out.abs().max() + 1e-5
+
+
+def test_every_template_rule_is_exposed_by_priority():
+    got = {op: [(r.name, r.priority, r.quantizes) for r in search_spaces.get(op).graph_rules()]
+           for op in ("batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
+    assert got == {"batched_embedding_bag": [("batched_embedding_bag", 10, False)],
+                   "embedding_bag": [("embedding_bag", 20, False)],
+                   "interaction": [("interaction", 30, False)], "qmatmul": [("qmatmul", 40, True)]}

@@ -1,0 +1,64 @@
+"""autotune.torch's thread-pool defaults: set at import, before TVM's pool starts; the user's environment wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from autotune.torch import threads
+
+SPIN = "TVM_THREAD_POOL_SPIN_COUNT"
+
+
+def test_apply_sets_only_what_the_environment_lacks() -> None:
+    env = {SPIN: "77"}
+    assert threads.apply(env) == {name: v for name, v in threads.DEFAULTS.items() if name != SPIN}
+    assert env[SPIN] == "77"  # the user's value is kept
+    empty: dict[str, str] = {}
+    assert threads.apply(empty) == threads.DEFAULTS == empty
+    assert empty[SPIN] == "0"  # no spinning: TVM's workers sleep, PyTorch's threads get the cores
+
+
+def test_off_switch_sets_nothing() -> None:
+    env = {threads.OFF: "0"}
+    assert threads.apply(env) == {} and env == {threads.OFF: "0"}
+
+
+CHILD = textwrap.dedent("""
+    import importlib.util, json, os
+    import autotune.torch as at
+    from autotune import runtime
+    seen = {name: os.environ.get(name) for name in at.threads.VARIABLES}
+    os.environ["TVM_NUM_THREADS"] = "1"  # after start (autotune made it the core count), before the pool starts
+    lib = os.path.join(importlib.util.find_spec("tvm").submodule_search_locations[0], "lib")
+    runtime.load_runtime(lib)
+    import tvm_ffi
+    print(json.dumps({"env": seen, "applied": at.threads.applied(), "settings": at.threads.settings(),
+                      "pool": tvm_ffi.get_global_func("runtime.NumThreads")()}))
+""")
+
+
+def run_child(**env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in threads.VARIABLES and k != threads.OFF}
+    done = subprocess.run([sys.executable, "-c", CHILD], env={**clean, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_sets_the_defaults_before_tvms_pool_starts() -> None:
+    out = run_child()
+    assert out["env"][SPIN] == "0" and out["applied"] == {SPIN: "0"}
+    assert out["settings"][SPIN] == "0 (autotune default)"
+    # TVM reads its variables when its pool starts (first kernel), not when its library loads: setting them at
+    # import of autotune.torch is early enough (on a 1-core machine this last check cannot tell)
+    assert out["pool"] == 1
+
+
+def test_the_users_environment_wins_at_import() -> None:
+    out = run_child(TVM_THREAD_POOL_SPIN_COUNT="12345")
+    assert out["env"][SPIN] == "12345" and SPIN not in out["applied"]
+    assert out["settings"][SPIN] == "12345"

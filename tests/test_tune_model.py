@@ -1,0 +1,379 @@
+"""tune_model and the graph engine under it: capture, discover, rewrite checked by numbers, profile.
+
+The engine tests use rules of their own (no tuning, no TVM): a correct one, a wrong one, one that raises, one
+that cannot be built, one whose kernel is missing. The end-to-end tests (`slow`: they tune and compile kernels,
+2 trials per task) run the operators' rules on a tiny DLRM (3 tables, dim 16, batch 8).
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import autotune.torch as at
+from autotune.torch import graph as G
+from search_spaces.template import GraphMatch, GraphRule, Kept
+
+aten = torch.ops.aten
+BATCH = 8
+
+
+class Interaction(nn.Module):
+    """DLRM's dot interaction, as facebookresearch/dlrm writes it."""
+
+    def forward(self, x: torch.Tensor, ly: list[torch.Tensor]) -> torch.Tensor:
+        t = torch.cat([x] + ly, dim=1).view(x.shape[0], -1, x.shape[1])
+        z = torch.bmm(t, t.transpose(1, 2))
+        li, lj = torch.tril_indices(t.shape[1], t.shape[1], offset=-1, device=x.device)
+        return torch.cat([x, z[:, li, lj]], dim=1)
+
+
+class TinyDLRM(nn.Module):
+    """3 small tables of dim 16; the bottom MLP's 32 -> 16 layer is wide enough for int8 (the others are not)."""
+
+    def __init__(self, rows: tuple[int, ...] = (50, 30, 20), dim: int = 16, dense: int = 5):
+        super().__init__()
+        self.bottom = nn.Sequential(nn.Linear(dense, 32), nn.ReLU(), nn.Linear(32, dim), nn.ReLU())
+        self.embeddings = nn.ModuleList(nn.EmbeddingBag(r, dim, mode="sum") for r in rows)
+        self.interaction = Interaction()
+        t = len(rows)
+        self.top = nn.Sequential(nn.Linear(dim + t * (t + 1) // 2, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, dense: torch.Tensor, indices: list[torch.Tensor], offsets: list[torch.Tensor]) -> torch.Tensor:
+        x = self.bottom(dense)
+        ly = [e(i, o) for e, i, o in zip(self.embeddings, indices, offsets)]
+        return torch.sigmoid(self.top(self.interaction(x, ly)))
+
+
+def make_batch(model: TinyDLRM, batch: int, seed: int = 0) -> tuple[Any, ...]:
+    """Dense features and, per table, bags of 1-3 random indices."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(batch, model.bottom[0].in_features, generator=g)
+    indices, offsets = [], []
+    for e in model.embeddings:
+        sizes = torch.randint(1, 4, (batch,), generator=g)
+        offsets.append(torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]]))
+        indices.append(torch.randint(0, e.num_embeddings, (int(sizes.sum()),), generator=g))
+    return dense, indices, offsets
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny ops on a shared 2-core machine: a second OpenMP thread only waits for a busy core (and the suite
+    runs TVM's kernels on one thread too)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def model() -> TinyDLRM:
+    torch.manual_seed(0)
+    return TinyDLRM().eval()
+
+
+def node_rule(name: str, target: Any, build: Callable[[Any, Any], Any], priority: int = 5,
+              tolerance: tuple[float, float] = (1e-4, 1e-5)) -> GraphRule:
+    """A rule replacing every call of `target` by `build(gm, node)` (the new output node)."""
+
+    def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target is target and n not in claimed:
+                def replace(gm: Any, n: Any = n) -> tuple[Any, ...]:
+                    with gm.graph.inserting_before(n.next):
+                        return (build(gm, n),)
+
+                yield GraphMatch(rule=name, nodes=(n,), outputs=(n,), tasks=(), replace=replace,
+                                 tolerance=tolerance, where=G.module_path(n), what=f"{name} at {n.name}")
+
+    return GraphRule(name, find, priority)
+
+
+def relu_to_clamp(gm: Any, n: Any) -> Any:  # the same function: must be kept
+    return gm.graph.call_function(aten.clamp_min.default, (n.args[0], 0.0))
+
+
+def sigmoid_to_tanh(gm: Any, n: Any) -> Any:  # a different function: must be refused
+    return gm.graph.call_function(aten.tanh.default, (n.args[0],))
+
+
+def _boom(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("kernel exploded")
+
+
+def _wrong_shape(gm: Any, n: Any) -> Any:
+    return gm.graph.call_function(aten.unsqueeze.default, (n, 0))
+
+
+def _cannot_build(gm: Any, n: Any) -> Any:
+    raise ValueError("no such layout")
+
+
+def _graph_ops(gm: Any) -> list[Any]:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def tune(model: nn.Module, args: Any, tmp_path: Any, **kw: Any) -> tuple[Any, Any]:
+    kw.setdefault("quantize", False)
+    return at.tune_model(model, args, log_dir=tmp_path / "logs", progress=False, bench_rounds=1,
+                         bench_seconds=0.02, **kw)
+
+
+# ---- the engine, with rules of the test's own -------------------------------------------------------------------
+def test_agreeing_replacements_are_wired_and_the_model_still_runs_everywhere(model, tmp_path):
+    args = make_batch(model, BATCH)
+    opt, report = tune(model, args, tmp_path, rules=[node_rule("relu", aten.relu.default, relu_to_clamp)])
+    assert opt is not model
+    assert [r.where for r in report.replaced] == ["bottom.1", "bottom.3", "top.1"]
+    assert report.kept == [] and report.tasks == [] and report.measured == 0 and report.package is None
+    ops = _graph_ops(opt)
+    assert aten.relu.default not in ops and ops.count(aten.clamp_min.default) == 3
+    assert any(n.op == "call_module" and n.target == "_guards_fn" for n in opt.graph.nodes)  # DCE kept it
+    assert not any(n.target is operator.getitem and not n.users for n in opt.graph.nodes)
+    assert report.max_abs_diff == 0.0 and report.eager_s > 0 and report.optimized_s > 0
+    assert "replaced bottom.1" in str(report) and "eager" in str(report)
+    other = make_batch(model, 13, seed=1)  # another batch size: the capture kept dim 0 dynamic
+    with torch.inference_mode():
+        torch.testing.assert_close(opt(*other), model(*other), rtol=0, atol=0)
+    # (torch.compile of a rewritten graph: the end-to-end test, on the operators' own ops)
+    # training keeps working through the rewritten graph: the parameters are the model's own
+    opt(*args).sum().backward()
+    assert model.bottom[0].weight.grad is not None and model.bottom[0].weight.grad.abs().sum() > 0
+
+
+def test_a_replacement_that_disagrees_is_kept_and_says_by_how_much(model, tmp_path):
+    args = make_batch(model, BATCH)
+    rules = [node_rule("relu", aten.relu.default, relu_to_clamp),
+             node_rule("sigmoid", aten.sigmoid.default, sigmoid_to_tanh)]
+    opt, report = tune(model, args, tmp_path, rules=rules)
+    assert {r.rule for r in report.replaced} == {"relu"}
+    (kept,) = report.kept
+    assert kept.rule == "sigmoid" and "disagrees" in kept.why and "max |new - old|" in kept.why
+    assert aten.tanh.default not in _graph_ops(opt) and aten.sigmoid.default in _graph_ops(opt)
+    with torch.inference_mode():
+        torch.testing.assert_close(opt(*args), model(*args), rtol=0, atol=0)
+
+
+def nudged(gm: Any, n: Any) -> Any:
+    """The node's own op again, plus 1e-5."""
+    same = gm.graph.call_function(n.target, n.args)
+    return gm.graph.call_function(aten.add.Tensor, (same, 1e-5))
+
+
+def test_the_match_tolerance_decides(model, tmp_path):
+    """f(x) + 1e-5: within atol 1e-3 (the relus), outside atol 1e-7 (the sigmoid)."""
+    rules = [node_rule("loose", aten.relu.default, nudged, tolerance=(0.0, 1e-3)),
+             node_rule("tight", aten.sigmoid.default, nudged, tolerance=(0.0, 1e-7))]
+    opt, report = tune(model, make_batch(model, BATCH), tmp_path, rules=rules)
+    assert [r.rule for r in report.replaced] == ["loose"] * 3
+    assert all(0.9e-5 < r.max_error < 1.1e-5 for r in report.replaced)
+    assert [k.rule for k in report.kept] == ["tight"] and "atol=1e-07" in report.kept[0].why
+
+
+def test_a_replacement_that_fails_is_kept_with_the_reason(model, tmp_path):
+    rules = [node_rule("raises", aten.sigmoid.default, lambda gm, n: gm.graph.call_function(_boom, (n.args[0],))),
+             node_rule("shape", aten.bmm.default, _wrong_shape),
+             node_rule("build", aten.transpose.int, _cannot_build)]
+    opt, report = tune(model, make_batch(model, BATCH), tmp_path, rules=rules)
+    assert opt is model and report.replaced == [] and "unchanged" in report.note
+    why = {k.rule: k.why for k in report.kept}
+    assert "raised RuntimeError: kernel exploded" in why["raises"]
+    assert "the replacement gives torch.float32[1, 8, 4, 4] where the model has torch.float32[8, 4, 4]" in why["shape"]
+    assert "could not be built: ValueError: no such layout" in why["build"]
+
+
+def test_a_refused_replacement_leaves_no_nodes_or_buffers_behind(model):
+    args = make_batch(model, BATCH)
+    gm = G.capture(model, args)
+    before = [n.name for n in gm.graph.nodes]
+
+    def junk(gm: Any, n: Any) -> Any:
+        gm.register_buffer("autotune_junk", torch.ones(1))
+        c = gm.graph.get_attr("autotune_junk")
+        return gm.graph.call_function(aten.mul.Tensor, (n, c))  # sigmoid * 1: agrees...
+
+    def wrong_junk(gm: Any, n: Any) -> Any:
+        gm.register_buffer("autotune_junk", torch.full((1,), 2.0))
+        c = gm.graph.get_attr("autotune_junk")
+        return gm.graph.call_function(aten.mul.Tensor, (n, c))  # ... sigmoid * 2 does not
+
+    done = G.rewrite(gm, args, [node_rule("junk", aten.sigmoid.default, wrong_junk)])
+    assert done.replaced == [] and len(done.kept) == 1
+    assert [n.name for n in gm.graph.nodes if not n.name.startswith("getitem")] == \
+        [n for n in before if not n.startswith("getitem")]
+    assert not hasattr(gm, "autotune_junk")
+    done = G.rewrite(gm, args, [node_rule("junk", aten.sigmoid.default, junk)])
+    assert len(done.replaced) == 1 and isinstance(gm.autotune_junk, torch.Tensor)  # used: it stays
+
+
+def test_rewrite_refuses_what_ready_refuses_and_overlapping_matches(model):
+    args = make_batch(model, BATCH)
+    gm = G.capture(model, args)
+    done = G.rewrite(gm, args, [node_rule("relu", aten.relu.default, relu_to_clamp)],
+                     ready=lambda m: "missing kernel: none tuned" if m.where == "top.1" else None)
+    assert [r.where for r in done.replaced] == ["bottom.1", "bottom.3"]
+    assert done.kept == [Kept("relu", "top.1", "missing kernel: none tuned")]
+
+    relu = node_rule("relu", aten.relu.default, relu_to_clamp)
+    twice = GraphRule("twice", lambda gm, v, c: [*relu.find(gm, v, c), *relu.find(gm, v, set())], 5)
+    found = G.discover(G.capture(model, args), args, [twice])
+    assert len(found.matches) == 3 and len(found.kept) == 3
+    assert all("overlaps" in k.why for k in found.kept)
+
+
+def test_a_replacement_running_pytorch_instead_of_a_kernel_is_refused():
+    """torch.ops.autotune.interaction with no kernel loaded for its shape: PyTorch's code would run: refused."""
+
+    class Dot(nn.Module):
+        def forward(self, x: torch.Tensor, ly: torch.Tensor) -> torch.Tensor:
+            return Interaction()(x, list(ly.unbind(1)))
+
+    x, ly = torch.randn(6, 10), torch.randn(6, 2, 10)  # (tables 2, dim 10): no test tunes this signature
+    gm = G.capture(Dot(), (x, ly))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+
+    def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
+        xs, lys = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+        def replace(gm: Any) -> tuple[Any, ...]:
+            with gm.graph.inserting_before(out.next):
+                return (gm.graph.call_function(torch.ops.autotune.interaction.default, (xs, lys, False)),)
+
+        yield GraphMatch("dot", (out,), (out,), (), replace, where="", what="dot")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        done = G.rewrite(gm, (x, ly), [GraphRule("dot", find)])
+    (kept,) = done.kept
+    assert "no loaded interaction kernel" in kept.why and "tables=2 dim=10" in kept.why
+
+
+def test_rules_run_by_priority_and_quantizing_ones_only_when_asked():
+    def rule(name: str, priority: int, quantizes: bool = False) -> GraphRule:
+        return GraphRule(name, lambda gm, v, c: (), priority, quantizes)
+
+    rules = [rule("q", 1, True), rule("b", 5), rule("a", 2)]
+    assert [r.name for r in G.collect_rules(False, rules=rules)] == ["a", "b"]
+    assert [r.name for r in G.collect_rules(True, extra=[rule("z", 0)], rules=rules)] == ["z", "q", "a", "b"]
+    names = [r.name for r in G.collect_rules(True)]  # the templates' own, in their fixed order
+    assert names.index("batched_embedding_bag") < names.index("embedding_bag") < names.index("interaction")
+    assert "qmatmul" in names and "qmatmul" not in [r.name for r in G.collect_rules(False)]
+
+
+def test_profile_times_each_module_and_new_nodes_keep_their_module(model, tmp_path):
+    args = make_batch(model, BATCH)
+    gm = G.capture(model, args)
+    by_top = G.profile(gm, args, runs=2, depth=1)
+    assert {"bottom", "embeddings", "interaction", "top"} <= set(by_top) and all(t > 0 for t in by_top.values())
+    fine = G.profile(gm, args, runs=2)
+    assert {"bottom.0", "bottom.1", "embeddings.2", "top.2"} <= set(fine)
+    G.rewrite(gm, args, [node_rule("relu", aten.relu.default, relu_to_clamp)])
+    assert "bottom.1" in G.profile(gm, args, runs=1)  # the clamp_min that replaced bottom.1's relu
+
+
+def test_a_model_with_nothing_we_serve_comes_back_unchanged(tmp_path):
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).eval()
+    opt, report = tune(m, (torch.randn(5, 3),), tmp_path, quantize=True)
+    assert opt is m
+    assert report.tasks == [] and report.replaced == [] and report.measured == 0
+    assert "nothing in this model is served" in str(report)
+    assert not (tmp_path / "logs").exists()  # nothing tuned, nothing written
+
+
+@pytest.mark.parametrize("bad", ["dense width", "index out of range"])
+def test_example_inputs_that_fail_raise_the_model_own_error(model, tmp_path, bad):
+    dense, indices, offsets = make_batch(model, BATCH)
+    if bad == "dense width":
+        dense = torch.randn(BATCH, 7)
+    else:
+        indices = [indices[0], indices[1], indices[2] + 1000]
+    with pytest.raises(Exception) as eager:
+        model(dense, indices, offsets)
+    with pytest.raises(type(eager.value)) as ours:
+        tune(model, (dense, indices, offsets), tmp_path)
+    assert str(ours.value) == str(eager.value) and not isinstance(ours.value, G.CaptureError)
+
+
+# ---- end to end on the operators' own rules (tunes and compiles kernels) ------------------------------------------
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory):
+    torch.manual_seed(0)
+    m = TinyDLRM().eval()
+    args = make_batch(m, BATCH)
+    log_dir = tmp_path_factory.mktemp("tune_model_fp32")
+    opt, report = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False,
+                                bench_rounds=1, bench_seconds=0.05)
+    return m, args, opt, report, log_dir
+
+
+@pytest.mark.slow
+def test_tiny_dlrm_end_to_end_fp32(fp32_run):
+    m, args, opt, report, log_dir = fp32_run
+    assert {t.op for t in report.tasks} == {"batched_embedding_bag", "interaction"}
+    assert all(t.share > 0 and t.best_s and t.measured + t.resumed >= 2 for t in report.tasks)
+    assert report.measured == sum(t.measured for t in report.tasks) >= 2
+    assert {r.rule for r in report.replaced} == {"batched_embedding_bag", "interaction"}, str(report)
+    ops = _graph_ops(opt)
+    assert torch.ops.autotune.batched_embedding_bag.default in ops and torch.ops.autotune.interaction.default in ops
+    assert not any(str(t).startswith("aten.embedding_bag") or t is aten.bmm.default for t in ops)
+    assert report.max_abs_diff < 1e-4 and report.speedup is not None
+    assert (log_dir / "package" / "manifest.json").exists() and report.exported
+    other = make_batch(m, 13, seed=1)
+    with torch.inference_mode():
+        torch.testing.assert_close(opt(*other), m(*other), rtol=1e-4, atol=1e-4)
+        compiled = torch.compile(opt, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(*other), m(*other), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_second_call_with_the_same_logs_tunes_nothing(fp32_run):
+    m, args, opt, report, log_dir = fp32_run
+    manifest = (log_dir / "package" / "manifest.json").stat().st_mtime_ns
+    opt2, again = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False, bench_rounds=0)
+    assert again.measured == 0 and all(t.resumed >= 2 for t in again.tasks)
+    assert not again.exported and (log_dir / "package" / "manifest.json").stat().st_mtime_ns == manifest
+    assert [r.rule for r in again.replaced] == [r.rule for r in report.replaced]
+    with torch.inference_mode():
+        torch.testing.assert_close(opt2(*args), m(*args), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_tiny_dlrm_int8(model, tmp_path):
+    """The int8 rule alone (the fp32 test covers the others): its layer runs quantize_rows + qmatmul kernels."""
+    import search_spaces
+
+    args = make_batch(model, BATCH)
+    opt, report = at.tune_model(model, args, log_dir=tmp_path / "logs", trials=2, quantize=True, progress=False,
+                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules())
+    assert {t.op for t in report.tasks} == {"qmatmul", "quantize_rows"}, str(report)
+    assert [r.where for r in report.replaced] == ["bottom.2, bottom.3"], str(report)  # the one wide layer
+    ops = _graph_ops(opt)
+    assert torch.ops.autotune.quantize_rows.default in ops and torch.ops.autotune.qmatmul.default in ops
+    assert 0 < report.max_abs_diff < 1e-2  # int8: not exact, but close on the probabilities
+    other = make_batch(model, 13, seed=1)
+    with torch.inference_mode():
+        torch.testing.assert_close(opt(*other), model(*other), rtol=0, atol=1e-2)
+
+
+def test_a_site_whose_task_found_no_kernel_is_kept_with_the_reason():
+    from autotune.torch.tune_model import TaskReport, _key, _ready
+
+    fields = dict(batch=BATCH, tables=3, dim=16)
+    failed = TaskReport(op="interaction", fields=fields, workload_key=_key("interaction", fields)[1],
+                        why="tuning found no correct kernel in 2 trials (see interaction.jsonl)")
+    ready = _ready([failed])
+
+    def site(f: dict[str, Any]) -> GraphMatch:
+        return GraphMatch("interaction", (), (), (("interaction", f),), lambda gm: ())
+
+    assert ready(site(fields)) == "missing kernel: interaction: tuning found no correct kernel in 2 trials " \
+                                  "(see interaction.jsonl)"
+    assert "was not tuned" in ready(site(dict(fields, dim=8)))
+    failed.record = object()  # a best record: the site may be tried
+    assert ready(site(fields)) is None
