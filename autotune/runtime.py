@@ -122,7 +122,7 @@ class BoundKernel:
         self._positions = tuple(template.WEIGHTS)
         self._kernel_args = template.kernel_args
         self._after = getattr(template, "after_call", None)  # raises what the kernel flagged (template.py)
-        self._packs: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+        self._packs: dict[Any, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}  # id(s) -> (stamps, packed)
         self._lock = threading.Lock()
         if on_gpu:
             import torch
@@ -131,17 +131,25 @@ class BoundKernel:
 
     def pack(self, tensors: Sequence[Any]) -> tuple[Any, ...]:
         """The config's packed weights for these reference-order tensors (made on first sight of a weight)."""
-        if not self._positions:
+        positions = self._positions
+        if not positions:
             return ()
-        weights = tuple(tensors[i] for i in self._positions)
-        key = tuple(map(id, weights))
-        hit = self._packs.get(key)
-        if hit is not None and all(_same(t, seen) for t, seen in zip(weights, hit[0])):
-            return hit[1]
+        if len(positions) == 1:  # the usual case, kept short: one weight, keyed by its id
+            weights: tuple[Any, ...] = (tensors[positions[0]],)
+            key: Any = id(weights[0])
+            hit = self._packs.get(key)
+            if hit is not None and _same(weights[0], hit[0][0]):
+                return hit[1]
+        else:
+            weights = tuple(tensors[i] for i in positions)
+            key = tuple(map(id, weights))
+            hit = self._packs.get(key)
+            if hit is not None and all(map(_same, weights, hit[0])):
+                return hit[1]
         with self._lock:
             packed = tuple(self.template.pack(self.workload, self.config, *weights))
             live = {k: v for k, v in self._packs.items() if all(seen[0]() is not None for seen in v[0])}
-            live[key] = (tuple(_stamp(t) for t in weights), packed)
+            live[key] = (tuple(map(_stamp, weights)), packed)
             self._packs = live  # replaced whole: a concurrent reader sees the old dict or the new one
             return packed
 
@@ -170,7 +178,11 @@ def _stamp(t: Any) -> tuple[Any, ...]:
 
 def _same(t: Any, seen: tuple[Any, ...]) -> bool:
     ref, version, ptr, shape, dtype = seen
-    return ref() is t and _version(t) == version and t.data_ptr() == ptr and t.dtype is dtype and t.shape == shape
+    try:
+        v = t._version
+    except RuntimeError:  # an inference-mode tensor (see _version)
+        v = -1
+    return ref() is t and v == version and t.data_ptr() == ptr and t.dtype is dtype and t.shape == shape
 
 
 def time_cpu(run: Callable[[], None], timing: Timing) -> list[float]:

@@ -270,7 +270,8 @@ def test_validate_false_skips_the_checks(pkg):
     x, ly = torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 3, 8)
     with pytest.raises(TypeError, match="one dtype"):
         INTER(x, ly)
-    with pytest.warns(at.NoTunedKernelWarning, match="float64"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.NoTunedKernelWarning)  # no float64 kernel: PyTorch's implementation
         out = INTER(x, ly, False, False)
     torch.testing.assert_close(out, dot_interaction(x, ly.double(), False))
 
@@ -360,6 +361,19 @@ def test_a_call_needing_no_gradient_runs_the_kernel_in_grad_mode_without_an_auto
     assert out.grad_fn is None and not out.requires_grad and calls(pkg, "interaction") == 2
     grad = INTER(x, ly)  # x requires grad: the autograd way, still on the kernel
     assert grad.grad_fn is not None and calls(pkg, "interaction") == 3
+
+
+def test_plain_cpu_tensors_in_grad_mode_take_the_direct_way(pkg):
+    """The Autograd kernel runs the dispatch itself only for keysets it recognises as plain CPU/CUDA: a change
+    in torch's key layout would send every grad-mode call the slow way (correct, ~5 us dearer) unnoticed."""
+    decided = at.ops._AUTOGRAD["interaction"].plain
+    decided.clear()
+    with _errors_on_fallback():
+        INTER(torch.randn(5, 8), torch.randn(5, 3, 8))
+    assert len(decided) == 1 and next(iter(decided.values())) is not None and calls(pkg, "interaction") == 1
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        INTER(mode.from_tensor(torch.randn(5, 8)), mode.from_tensor(torch.randn(5, 3, 8)))
+    assert len(decided) == 2 and list(decided.values())[1] is None  # fake tensors: torch's way
 
 
 def test_dispatch_modes_and_fake_tensors_see_the_op_and_the_kernel_does_not_run(pkg):

@@ -30,5 +30,7 @@ __all__ = sorted(["IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKern
 
 
 def unload_all() -> None:
-    """Forget every loaded package (the operators then run PyTorch's implementation); mostly for tests."""
+    """Forget every loaded package (the operators then run PyTorch's implementation, and warn about it afresh);
+    mostly for tests."""
     REGISTRY.clear()
+    ops._WARNED.clear()

@@ -43,6 +43,7 @@ from torch._library.autograd import make_autograd_impl
 import search_spaces
 from search_spaces.template import IndexOutOfRange, InvalidDtype, InvalidInput, Route, TorchBinding
 
+from . import registry
 from .registry import REGISTRY, device_key, load_default
 
 __all__ = ["BINDINGS", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "LIBRARY", "NoTunedKernelWarning",
@@ -57,11 +58,13 @@ class NoTunedKernelWarning(UserWarning):
 
 _WARNED: set[tuple[Any, ...]] = set()
 _WARN_LOCK = threading.Lock()
-_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(__file__))  # frames a warning skips
+_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(__file__),  # frames a warning skips: torch, this
+             os.path.dirname(search_spaces.__file__))  # package and the operators' modules (their forward)
 
 
 def _caller_level() -> int:
-    """`stacklevel` of the first frame outside torch and this package: the user's call of the op."""
+    """`stacklevel` of the first frame outside torch, autotune.torch and search_spaces: the user's call of the op
+    or of the module that calls it."""
     frame, level = sys._getframe(2), 2  # _fallback's caller (stacklevel 1 is _fallback)
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame, level = frame.f_back, level + 1
@@ -81,6 +84,7 @@ def _fallback(op: str, device: str, signature: Any, why: str) -> None:
 
 
 BINDINGS: dict[str, TorchBinding] = {}  # NAME -> binding of every registered op
+_AUTOGRAD: dict[str, Callable[..., Any]] = {}  # NAME -> its kernel at the Autograd key
 
 
 def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., Any]:
@@ -94,6 +98,7 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., A
     arity = len(params)
     device_arg = next(i for i, p in enumerate(params) if "Tensor" in str(p.annotation))
     check, route, run, fallback, describe, plan = b.check, b.route, b.run, b.op, b.describe, REGISTRY.plan
+    plans = REGISTRY.plans  # the registry's cache of plans, read without a call
 
     def impl(*args: Any) -> Any:
         if len(args) < arity:  # the dispatcher leaves trailing defaults out
@@ -106,9 +111,12 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., A
             return fallback(*args)
         if r.size < 1:  # nothing for a kernel to do: not worth one (nor a warning)
             return fallback(*args)
-        load_default()
+        if not registry._DEFAULT_LOADED:
+            load_default()
         dev = device or device_key(args[device_arg].device)
-        chunks = plan(name, dev, r.signature, r.size)
+        chunks = plans.get((name, dev, r.signature, r.size), registry)  # (the registry: "not planned yet")
+        if chunks is registry:
+            chunks = plan(name, dev, r.signature, r.size)
         if chunks is None:
             _fallback(name, dev, r.signature, f"no loaded kernel for {describe(r.signature)} on {dev}")
             return fallback(*args)
@@ -148,6 +156,7 @@ def _autograd(op: Any, b: TorchBinding, direct: dict[str, Callable[..., Any]]) -
             return impl(*args)
         return slow(keyset, *args)
 
+    kernel.plain = plain  # type: ignore[attr-defined]  (what it decided, per keyset: the tests read it)
     return kernel
 
 
@@ -170,7 +179,8 @@ def register(template: Any) -> TorchBinding | None:
     LIBRARY.impl(name, _dispatch(name, b, None), "CompositeExplicitAutograd")  # other devices: PyTorch's
     torch.library.register_fake(f"autotune::{name}", b.fake, lib=LIBRARY)
     op = getattr(torch.ops.autotune, name).default
-    LIBRARY.impl(name, _autograd(op, b, direct), "Autograd", with_keyset=True)
+    _AUTOGRAD[name] = _autograd(op, b, direct)
+    LIBRARY.impl(name, _AUTOGRAD[name], "Autograd", with_keyset=True)
     BINDINGS[name] = b
     return b
 

@@ -133,7 +133,8 @@ class Registry:
     def __init__(self) -> None:
         self.packages: list[Package] = []
         self._by_signature: dict[tuple[str, str, tuple[Any, ...]], list[LoadedKernel]] = {}
-        self._plans: dict[tuple[Any, ...], list[Chunk] | None] = {}
+        self.plans: dict[tuple[Any, ...], list[Chunk] | None] = {}  # (op, device, signature, size) -> plan;
+        #   cleared in place (never rebound): the torch ops read it directly
         self._lock = threading.Lock()
 
     def add(self, package: Package) -> None:
@@ -145,13 +146,13 @@ class Registry:
                 # a later package's kernel for the same size replaces the earlier one
                 bucket[:] = [b for b in bucket if b.size != k.size] + [k]
                 bucket.sort(key=lambda b: b.size)
-            self._plans.clear()
+            self.plans.clear()
 
     def clear(self) -> None:
         with self._lock:
             self.packages.clear()
             self._by_signature.clear()
-            self._plans.clear()
+            self.plans.clear()
 
     def kernels(self, op: str, device: str, signature: tuple[Any, ...]) -> list[LoadedKernel]:
         return self._by_signature.get((op, device, signature), [])
@@ -160,14 +161,14 @@ class Registry:
         """Chunks that run a call of `size` along the bucketed dimension, or None if no kernel fits."""
         key = (op, device, signature, size)
         try:
-            return self._plans[key]
+            return self.plans[key]
         except KeyError:
             pass
         with self._lock:
-            if len(self._plans) > 4096:  # serving traffic brings many batch sizes: keep the cache bounded
-                self._plans.clear()
+            if len(self.plans) > 4096:  # serving traffic brings many batch sizes: keep the cache bounded
+                self.plans.clear()
             kernels = self.kernels(op, device, signature)
-            self._plans[key] = plan = make_plan(kernels, size, kernels[0].any_size) if kernels else None
+            self.plans[key] = plan = make_plan(kernels, size, kernels[0].any_size) if kernels else None
         return plan
 
 

@@ -1,14 +1,20 @@
 """Thread-pool settings for tuned kernels running between PyTorch ops in one process.
 
-TVM's CPU runtime starts its own thread pool (per calling thread) on the first parallel kernel and reads its
-environment then: TVM_NUM_THREADS (else OMP_NUM_THREADS, else the core count), TVM_BIND_THREADS,
-TVM_EXCLUDE_WORKER0 and TVM_THREAD_POOL_SPIN_COUNT. After each kernel its workers busy-wait (sched_yield) for
-up to TVM_THREAD_POOL_SPIN_COUNT iterations, 300000 by default: on the cores PyTorch's OpenMP threads need for
-the next op. A tuned op followed by a PyTorch op then cost 30x the two alone (benchmarks/thread_pools.py).
+TVM's CPU runtime starts its own thread pool (one per calling thread) on the first parallel kernel, and reads
+its environment then: TVM_NUM_THREADS (else OMP_NUM_THREADS, else half the x86 hardware threads; `autotune`
+makes it the core count), TVM_BIND_THREADS, TVM_EXCLUDE_WORKER0 and TVM_THREAD_POOL_SPIN_COUNT. After each
+kernel its workers, pinned one per core, call sched_yield up to TVM_THREAD_POOL_SPIN_COUNT times (300000 by
+default) before sleeping. PyTorch's OpenMP workers (libgomp; MKL and oneDNN run on them) busy-wait with `pause`
+after their own regions. A yielding thread is never asleep, so it gets no wake-up preemption: when a libgomp
+worker spins on its core, TVM's worker runs only at the next scheduler tick, and each pool waits for the
+other's. A tuned one-hot embedding bag then F.embedding_bag cost 4.0 ms per pair against 0.2 ms for the two
+alone, with 1000 spins as with 300000 (benchmarks/thread_pools.py). With 0 spins TVM's workers sleep after
+each kernel; the next kernel wakes them, and the wake-up takes the core from a spinning libgomp thread at once.
+
 `apply()` runs when `autotune.torch` is imported, before any kernel of ours can start the pool, and sets
-defaults with `os.environ.setdefault`: a variable the user set wins, and AUTOTUNE_THREAD_DEFAULTS=0 sets none.
-PyTorch's own settings are left alone (libgomp reads OMP_WAIT_POLICY when `import torch` loads it, so they
-could not be changed from here anyway).
+defaults with `os.environ.setdefault` semantics: a variable the user set wins, and AUTOTUNE_THREAD_DEFAULTS=0
+sets none. PyTorch's settings are left alone: libgomp reads OMP_WAIT_POLICY when `import torch` loads it, so
+they cannot be changed from here (set OMP_WAIT_POLICY=PASSIVE before starting Python on a shared machine).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ __all__ = ["DEFAULTS", "OFF", "VARIABLES", "applied", "apply", "settings"]
 
 OFF = "AUTOTUNE_THREAD_DEFAULTS"  # "0": leave every thread variable as the environment has it
 DEFAULTS: dict[str, str] = {
-    "TVM_THREAD_POOL_SPIN_COUNT": "0",
+    "TVM_THREAD_POOL_SPIN_COUNT": "0",  # workers sleep after each kernel: PyTorch's threads get the cores
 }
 VARIABLES = ("TVM_NUM_THREADS", "TVM_BIND_THREADS", "TVM_EXCLUDE_WORKER0", "TVM_THREAD_POOL_SPIN_COUNT",
              "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")

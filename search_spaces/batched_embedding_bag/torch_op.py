@@ -210,6 +210,8 @@ def route(weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets:
         return f"{nnz} int32 indices overflow int32 offsets"
     if weight.device.type == "cuda" and weight.data_ptr() % 16:
         return "the GPU kernels need a 16-byte aligned weight (vector loads)"
+    if weight.device.type == "cpu" and weight.data_ptr() % 64:  # e.g. a row view of a larger tensor
+        return "the CPU kernels need a 64-byte aligned weight (TVM's buffers assume it for aligned vector loads)"
     return Route(signature, bags)
 
 

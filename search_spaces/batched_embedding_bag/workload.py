@@ -229,7 +229,7 @@ def kernel_args(w: Workload, cfg: Any, packed: Sequence[Any], weight: Any, table
     import torch
 
     out = torch.empty(_batch_of(w, offsets), w.tables * w.dim, dtype=torch.float32, device=weight.device)
-    return [weight, table_offsets, indices, offsets, out, error_flag(weight.device)], out
+    return [weight, table_offsets, indices, offsets, out, error_flag(weight)], out
 
 
 def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:

@@ -96,6 +96,9 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
     adds. With `shuffle` lanes (0: off), each chunk of max(unroll, shuffle) indices (and per-sample weights)
     is first read by the group together, one per lane, and each is broadcast from its lane by a warp shuffle
     restricted to the group's lanes. `emulate` swaps the shuffle for the read it broadcasts (CPU twin).
+
+    Bounds are checked per bag and per row (kernel.py): a bag outside the indices pools nothing, an index out of
+    the table loads row 0 in its place and adds nothing; both set the error flag.
     """
     from tvm.script import tirx as T
 
@@ -223,7 +226,7 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
                                     # a row out of the table is flagged and becomes -1: row 0 is loaded in its
                                     # place and nothing is added (rows past the bag's end read index 0: in it)
                                     if not in_range(row[vji], W.shape[0]):
-                                        Flag[0] = T.int32(INDEX_ERROR)
+                                        Flag[0] = T.bitwise_or(Flag[0], T.int32(INDEX_ERROR))
                                     row[vji] = T.Select(in_range(row[vji], W.shape[0]), row[vji], T.int64(-1))
                                     if count_pads:
                                         cnt[0] = cnt[0] - T.Select(T.And(at(vc, vjo, vji) < n, row[vji] == pad),

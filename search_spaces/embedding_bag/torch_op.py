@@ -2,8 +2,10 @@
 
 The op is F.embedding_bag with the weight first, as the kernels take it. Kernels are compiled for (dim, mode,
 index dtype, per_sample_weights, padding_idx, include_last_offset) and take any batch, bag sizes and table rows.
-Inputs are checked as PyTorch checks them (indices in range, well-formed offsets) unless `validate=False`: the
-data checks read the indices once, and on a GPU wait for it. The backward is PyTorch's own.
+Inputs are checked as PyTorch checks them (indices in range, well-formed offsets). On the CPU the kernels check
+the data themselves as they gather (an error flag raised after the call, always on: it is what keeps them inside
+their tensors), so `check` reads only metadata; on a GPU `check` reads the data before the call (waiting for it)
+unless `validate=False`. The backward is PyTorch's own.
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ def route(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
         return f"kernels take float32 tables, got {weight.dtype}"
     if weight.device.type == "cuda" and weight.data_ptr() % 16:
         return "the GPU kernels need a 16-byte aligned table (vector loads)"
+    if weight.device.type == "cpu" and weight.data_ptr() % 64:  # e.g. a row view of a larger tensor
+        return "the CPU kernels need a 64-byte aligned table (TVM's buffers assume it for aligned vector loads)"
     return Route(signature, bags)
 
 

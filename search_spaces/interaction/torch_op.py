@@ -63,7 +63,7 @@ def route(x: Tensor, ly: Tensor, self_interaction: bool = False, validate: bool 
         return Route(signature, 0)
     if x.dtype != torch.float32:
         return f"kernels take float32, got {x.dtype}"
-    if x.device.type == "cuda" and batch * max(tables * dim, dim + _pairs(tables + 1, self_interaction)) >= 2**31:
+    if x.is_cuda and batch * max(tables * dim, dim + _pairs(tables + 1, self_interaction)) >= 2**31:
         return f"batch {batch} overflows the GPU kernels' 32-bit indexing"
     return Route(signature, batch)
 

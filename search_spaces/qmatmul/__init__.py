@@ -47,7 +47,23 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
     """Kernel arguments from reference-order tensors with the weight already packed by `pack`."""
-    return padded_args(w, _device_of(cfg).padded(w, cfg), packed, *tensors)
+    return padded_args(w, _padded(w, cfg), packed, *tensors)
+
+
+_PADDED: dict[tuple[int, int], tuple[Workload, Config, tuple[int, int, int]]] = {}
+
+
+def _padded(w: Workload, cfg: Config) -> tuple[int, int, int]:
+    """The padded (M, K, N) of a kernel, found again by the identity of its workload and config (2 us a call
+    otherwise). The entry holds both, so their ids cannot be reused while it lives; bounded like a cache."""
+    hit = _PADDED.get((id(w), id(cfg)))
+    if hit is not None and hit[0] is w and hit[1] is cfg:
+        return hit[2]
+    if len(_PADDED) > 1024:
+        _PADDED.clear()
+    dims = _device_of(cfg).padded(w, cfg)
+    _PADDED[(id(w), id(cfg))] = (w, cfg, dims)
+    return dims
 
 
 def torch_binding() -> TorchBinding:

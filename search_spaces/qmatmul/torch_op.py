@@ -92,8 +92,11 @@ def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
 def _run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Tensor:
     """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows, zero-padded up to it."""
     rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
-    a_c = a[chunk.start:chunk.stop]
-    s_c = None if a_scale is None else a_scale[chunk.start:chunk.stop]
+    if rows == a.shape[0]:  # the whole call: no views to make (each costs a dispatch)
+        a_c, s_c = a, a_scale
+    else:
+        a_c = a[chunk.start:chunk.stop]
+        s_c = None if a_scale is None else a_scale[chunk.start:chunk.stop]
     if pad:
         a_c = F.pad(a_c, (0, 0, 0, pad))
         s_c = None if s_c is None else F.pad(s_c, (0, pad))
