@@ -34,6 +34,7 @@ KERNELS = [
     ("qmatmul", dict(m=8, k=32, n=16)),
     ("qmatmul", dict(m=32, k=32, n=16)),
     ("qmatmul", dict(m=8, k=32, n=16, relu=True)),
+    ("quantize_rows", dict(rows=8, cols=32)),  # QuantLinear quantizes its input with it
 ]
 
 
