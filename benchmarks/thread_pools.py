@@ -5,7 +5,9 @@ workers busy-waiting for a while after a parallel region, on the same cores. A t
 then pays for the other pool's spinning. For each setting, in a fresh child process (both pools read their
 environment when they start), this times interleaved in rounds: the tuned one-hot embedding bag alone, PyTorch's
 F.embedding_bag and a Linear alone, and the pairs (tuned op, then the PyTorch op) in a loop. It prints medians
-and pair / (sum of the two alone): 1.00 means the pools do not get in each other's way. Usage:
+and pair / (sum of the two alone): 1.00 means the pools do not get in each other's way. `others` is the share
+of the CPUs other processes used while a child ran; a child is run again while it exceeds --max-others (one
+busy neighbour slows PyTorch's spinning OpenMP threads 100x, and every row then reads alike). Usage:
     python benchmarks/thread_pools.py [--package DIR] [--repeats 3] [--only NAME,NAME]
 The default package is an untuned (default-config) kernel for the one-hot shape, built here (about 15 s).
 """
@@ -158,6 +160,7 @@ def build_package() -> str:
     out = tempfile.mkdtemp(prefix="autotune-thread-pools-")
     task = make_task("embedding_bag", "cpu", **WORKLOAD)
     export([task.record(task.space.default(), costs=(0.0,))], out)
+    print(f"built {out} (reuse it with --package)", file=sys.stderr)
     return out
 
 
