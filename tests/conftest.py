@@ -31,3 +31,21 @@ def gpu_builder():
 
     with Builder(timeout=300) as builder:
         yield builder
+
+
+def load_counting(path):
+    """Load a kernel package with a call counter on each kernel (`kernel.calls`): tells a kernel run from a
+    fallback. Unloads every package first; the caller unloads after."""
+    import autotune.torch as at
+
+    at.unload_all()
+    loaded = at.load(path)
+    for k in loaded.kernels:
+        k.calls = 0
+
+        def counting(*args, _k=k, _f=k.func):
+            _k.calls += 1
+            return _f(*args)
+
+        k.func = counting
+    return loaded

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import load_counting
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,17 +52,7 @@ def package(tmp_path_factory):
 @pytest.fixture()
 def pkg(package):
     """The package loaded, with a call counter on each kernel (to tell a kernel run from a fallback)."""
-    at.unload_all()
-    loaded = at.load(package)
-    for k in loaded.kernels:
-        k.calls = 0
-
-        def counting(*args, _k=k, _f=k.func):
-            _k.calls += 1
-            return _f(*args)
-
-        k.func = counting
-    yield loaded
+    yield load_counting(package)
     at.unload_all()
 
 

@@ -6,6 +6,7 @@ import shutil
 import warnings
 
 import pytest
+from conftest import load_counting
 import torch
 from torch import nn
 
@@ -140,17 +141,7 @@ def package(tmp_path_factory):
 
 @pytest.fixture()
 def pkg(package):
-    at.unload_all()
-    loaded = at.load(package)
-    for k in loaded.kernels:
-        k.calls = 0
-
-        def counting(*args, _k=k, _f=k.func):
-            _k.calls += 1
-            return _f(*args)
-
-        k.func = counting
-    yield loaded
+    yield load_counting(package)
     at.unload_all()
 
 
