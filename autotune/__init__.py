@@ -17,6 +17,9 @@ from pathlib import Path
 # PyTorch uses all cores: kernels are tuned, run and compared with every core unless the user says otherwise.
 # Set before any TVM pool starts; worker processes inherit it.
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+from . import thread_env  # noqa: E402
+
+thread_env.apply()  # TVM_THREAD_POOL_SPIN_COUNT=0 unless the user set it: TVM's workers sleep, not spin
 from typing import Any
 
 from .kernel import Kernel, NoTunedKernel, load_kernel

@@ -1,4 +1,4 @@
-"""`autotune list|tune|best|bench|export|check`. User errors print one line and exit 2; bugs keep their traceback."""
+"""`autotune list|tune|featurize|best|bench|export|check|rpc`. User errors print one line and exit 2; bugs keep their traceback."""
 
 from __future__ import annotations
 
@@ -37,9 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     task_args(t)
     t.add_argument("--trials", type=int, default=64)
     t.add_argument("--log", help="JSON-lines log to append to (and resume from); required unless --dry-run")
-    t.add_argument("--strategy", choices=("xgb", "random"), default="xgb")
+    t.add_argument("--strategy", choices=("xgb", "annealing", "random"), default="xgb",
+                   help="xgb: the cost model scores the whole space; annealing: it guides simulated annealing")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--batch-size", type=int, default=None, help="configs per batch (default: the strategy's)")
+    t.add_argument("--features", choices=("auto", "knobs", "program", "all"), default="auto",
+                   help="what the cost model sees: knob encodings, program features of the lowered code, or both")
+    t.add_argument("--transfer", metavar="LOG", action="append", default=None,
+                   help="logs whose records warm the cost model up (repeatable; default: the shipped logs)")
+    t.add_argument("--no-transfer", action="store_true", help="start the cost model from this log alone")
     t.add_argument("--early-stopping", type=int, default=None, help="stop after N trials without improvement")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--runner", default="local",
@@ -53,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
                         "(" + ", ".join(ERROR_KINDS) + ")")
     t.add_argument("--dry-run", action="store_true",
                    help="build the first --trials candidates and show them; measure nothing, write no log")
+
+    fz = sub.add_parser("featurize", help="add program features (cost_model.program) to the records of logs "
+                                          "that lack them, rewriting each log atomically")
+    fz.add_argument("logs", nargs="+", metavar="LOG")
+    fz.add_argument("--workers", type=int, default=2, help="lowering worker processes")
+    fz.add_argument("--include-stale", action="store_true",
+                    help="featurize records of older template code too (today's lowering of their configs)")
 
     b = sub.add_parser("best", help="the best record of a log, per task")
     b.add_argument("--log", required=True)
@@ -140,7 +153,8 @@ def _tune(args: argparse.Namespace) -> None:
     try:
         res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed,
                    batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
-                   runner=runner, include_stale=args.include_stale,
+                   runner=runner, include_stale=args.include_stale, features=args.features,
+                   transfer=() if args.no_transfer else args.transfer,
                    retry_errors=[k.strip() for k in args.retry_errors.split(",") if k.strip()])
     finally:
         if runner is not None:
@@ -150,6 +164,25 @@ def _tune(args: argparse.Namespace) -> None:
         print("no candidate ran correctly; see the error kinds in the log")
         return
     print(f"best: {res.best.latency * 1e3:.3f} ms  config {json.dumps(res.best.config, sort_keys=True)}")
+
+
+def _featurize(args: argparse.Namespace) -> None:
+    from autotune import records
+    from autotune.build import Builder
+    from autotune.featurize import add_program_features
+    from cost_model.program import PROGRAM_FEATURES_VERSION
+
+    missing = [p for p in args.logs if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"log not found: {', '.join(missing)}")
+    if args.workers < 1:
+        raise ValueError("--workers must be >= 1")
+    with Builder(workers=args.workers) as builder:
+        for log in args.logs:
+            n = add_program_features(log, builder, include_stale=args.include_stale)
+            every = list(records.load(log))
+            have = sum(1 for r in every if r.features and r.features_version == PROGRAM_FEATURES_VERSION)
+            print(f"{log}: {n} records gained program features; {have} of {len(every)} carry them")
 
 
 def _best(args: argparse.Namespace) -> None:
@@ -252,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         rc = {"list": lambda: _list(args.device), "tune": lambda: _tune(args), "best": lambda: _best(args),
+              "featurize": lambda: _featurize(args),
               "bench": lambda: _bench(args), "export": lambda: _export(args),
               "rpc": lambda: _rpc(args), "check": lambda: _check(args)}[args.command]()
     except USER_ERRORS as err:

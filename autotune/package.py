@@ -1,7 +1,9 @@
 """Kernel packages: compiled kernels + manifest + TVM's runtime libraries, usable without the TVM compiler.
 
 A package directory holds
-    manifest.json          format, TVM version, and one entry per kernel (op, workload, device, config, file)
+    manifest.json          format, TVM version, and one entry per kernel (op, workload, device, config, file,
+                           template_version: the template code that built it; `autotune.torch.load` refuses
+                           kernels built by other code than its own)
     kernels/*.so           exported TVM libraries (CPU code, or host stubs with embedded cubins)
     lib/                   libtvm_runtime.so (+ libtvm_runtime_cuda.so when a kernel is for a GPU)
     autotune_runtime.py    a copy of `autotune.runtime`: load, check and time kernels with tvm_ffi + torch
@@ -142,15 +144,18 @@ def export(records: Iterable[Any], out: str | Path, builder: Any = None,
                                    f"builds: {built.error_kind}: {built.error}")
             # named by what it is, not by its position: a process that loaded an earlier package at this path
             # would otherwise be handed the old library again by the dynamic loader
-            ident = hashlib.sha256(json.dumps([rec.op, rec.workload_key, rec.device, rec.config,
-                                               rec.template_version], sort_keys=True).encode()).hexdigest()[:16]
+            built_by = task.template_version  # this code built the kernel, whatever code the record timed
+            ident = hashlib.sha256(json.dumps([rec.op, rec.workload_key, rec.device, rec.config, built_by],
+                                              sort_keys=True).encode()).hexdigest()[:16]
             name = f"{rec.op.rsplit('.', 1)[-1]}-{rec.device.replace(':', '_')}-{ident}.so"
             shutil.move(built.lib, out / "kernels" / name)
             entries.append({"file": f"kernels/{name}", "op": rec.op, "workload": rec.workload,
                             "workload_key": rec.workload_key, "device": rec.device, "target": rec.target,
-                            "config": rec.config, "template_version": rec.template_version,
+                            "config": rec.config, "template_version": built_by,
                             "latency_s": rec.latency, "speedup_vs_torch": (speedups or {}).get(rec.task),
-                            "sha256": file_sha256(out / "kernels" / name)})
+                            "sha256": file_sha256(out / "kernels" / name),
+                            **({} if rec.template_version == built_by else  # --include-stale: timed by older code
+                               {"record_template_version": rec.template_version})})
     finally:
         if own:
             builder.close()

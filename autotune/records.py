@@ -52,6 +52,10 @@ class Record:
     tvm_version: str = ""
     template_version: str = ""  # search_spaces.version.template_version of the code that made the kernel
     version: int = FORMAT_VERSION
+    # cost_model.program features of the lowered kernel, and the PROGRAM_FEATURES_VERSION that computed them.
+    # Optional: lines without them (older logs, candidates that did not lower) load with None and "".
+    features: dict[str, float] | None = None
+    features_version: str = ""
 
     @property
     def ok(self) -> bool:
@@ -79,6 +83,11 @@ class Record:
         d["costs"] = tuple(float(c) for c in d.get("costs", ()))
         if d.get("error_kind") not in (None, *ERROR_KINDS):
             raise ValueError(f"unknown error kind {d.get('error_kind')!r}")
+        feats = d.get("features")
+        if feats is not None:
+            if not isinstance(feats, dict) or not all(isinstance(v, (int, float)) for v in feats.values()):
+                raise ValueError("features must map names to numbers")
+            d["features"] = {str(k): float(v) for k, v in feats.items()}
         return cls(**d)
 
 
@@ -195,10 +204,18 @@ def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str 
             raise LookupError(f"no template {op!r} here to take the version from; pass version=")
         out.append(replace(r, template_version=tag, version=FORMAT_VERSION).to_json() + "\n")
         n += 1
+    rewrite(path, out)
+    return n
+
+
+def rewrite(path: str | os.PathLike[str], lines: Iterable[str]) -> None:
+    """Replace a log's content with `lines` atomically: readers see the old log or the new one, never half,
+    and the file keeps its permissions. Never while a tuner appends to it (its lines would be lost)."""
+    path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(out)
+            f.writelines(lines)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, path.stat().st_mode & 0o777)
@@ -206,7 +223,6 @@ def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str 
     except BaseException:
         os.unlink(tmp)
         raise
-    return n
 
 
 @functools.cache

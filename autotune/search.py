@@ -1,9 +1,14 @@
 """Search strategies: each is one function that proposes the next batch of unmeasured configs.
 
-`random_search` is the baseline. `annealing_search` runs simulated annealing on cost-model scores (AutoTVM's
-SA optimiser): a population walks the space by neighbour moves, accepting worse points with a temperature
-that cools, and the best-scored unseen configs are proposed, plus an epsilon share of random picks so a
-wrong model cannot trap the search.
+`random_search` is the baseline. `model_search` (strategy "xgb") asks the cost model:
+- with no trained model (a new task with nothing to transfer from) it proposes a spread-out design (the
+  default config, then configs far apart in knob space, every code path covered) instead of plain random;
+- otherwise it scores every unmeasured config when the space is small enough to enumerate (all our spaces
+  are: thousands to tens of thousands of configs, scored in tens of milliseconds), or runs simulated
+  annealing on the scores (AutoTVM's SA optimiser) when it is not;
+- with `rerank` (the program-feature model, which needs each candidate lowered) the cheap model shortlists
+  `pool` times the batch and the program model picks from the shortlist;
+- an `epsilon` share of every batch is random, so a wrong model cannot trap the search.
 """
 
 from __future__ import annotations
@@ -42,6 +47,27 @@ def random_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     return _random_unseen(space, seen, n, rng)
 
 
+def spread_design(space: Space, seen: set[Config], n: int, rng: random.Random) -> list[Config]:
+    """n unmeasured configs spread over the space, the default first (what to measure knowing nothing)."""
+    first = [c for c in (space.default(),) if c not in seen][:n]
+    try:
+        picks = [c for c in space.spread(n, rng, first=first) if c not in seen]
+    except ValueError:  # fewer valid configs than n: what is left, at random
+        picks = first
+    return picks + _random_unseen(space, seen | set(picks), n - len(picks), rng)
+
+
+def _top_unseen(cands: Sequence[Config], scores: np.ndarray, seen: set[Config], k: int) -> list[Config]:
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    out = []
+    for i in order:
+        if len(out) == k:
+            break
+        if cands[i] not in seen:
+            out.append(cands[i])
+    return out
+
+
 def annealing_search(space: Space, seen: set[Config], n: int, rng: random.Random,
                      score: Scorer | None = None, elites: Sequence[Config] = (),
                      epsilon: float = 0.1, population: int = 64, steps: int = 60,
@@ -49,22 +75,34 @@ def annealing_search(space: Space, seen: set[Config], n: int, rng: random.Random
     """n distinct unmeasured configs: the cost model's best found by simulated annealing, plus random."""
     if score is None:
         return _random_unseen(space, seen, n, rng)
-    n_random = max(1, int(round(n * epsilon))) if n > 1 else 0
-    n_model = n - n_random
+    n_random = _n_random(n, epsilon)
+    chosen = _anneal(space, seen, n - n_random, rng, score, elites, population, steps, temperature)
+    return chosen + _random_unseen(space, seen | set(chosen), n - len(chosen), rng)
 
+
+def _n_random(n: int, epsilon: float) -> int:
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+    return max(1, int(round(n * epsilon))) if n > 1 and epsilon > 0 else 0
+
+
+def _anneal(space: Space, seen: set[Config], k: int, rng: random.Random, score: Scorer,
+            elites: Sequence[Config], population: int, steps: int,
+            temperature: tuple[float, float]) -> list[Config]:
+    """The k best-scored unseen configs simulated annealing visits."""
     points = list(elites)[: population // 2]
     points += [space.sample(rng) for _ in range(population - len(points))]
     scores = score(points)
-    best: list[tuple[float, int, Config]] = []  # min-heap of the n_model best unseen configs by score
+    best: list[tuple[float, int, Config]] = []  # min-heap of the k best unseen configs by score
     in_best: set[Config] = set()
     tiebreak = 0
 
     def offer(cfg: Config, s: float) -> None:
         nonlocal tiebreak
-        if cfg in seen or cfg in in_best:
+        if cfg in seen or cfg in in_best or k <= 0:
             return
         tiebreak += 1
-        if len(best) < n_model:
+        if len(best) < k:
             heapq.heappush(best, (s, tiebreak, cfg))
             in_best.add(cfg)
         elif s > best[0][0]:
@@ -85,11 +123,36 @@ def annealing_search(space: Space, seen: set[Config], n: int, rng: random.Random
             delta = float(s) - float(scores[i])
             if delta >= 0 or (t > 0 and rng.random() < math.exp(delta / t)):
                 points[i], scores[i] = cfg, s
-    chosen = [cfg for _, _, cfg in sorted(best, reverse=True)]
+    return [cfg for _, _, cfg in sorted(best, reverse=True)]
+
+
+def model_search(space: Space, seen: set[Config], n: int, rng: random.Random,
+                 score: Scorer | None = None, elites: Sequence[Config] = (), *,
+                 candidates: Sequence[Config] | None = None, rerank: Scorer | None = None,
+                 epsilon: float = 0.1, pool: int = 4, population: int = 64, steps: int = 60,
+                 temperature: tuple[float, float] = (1.0, 0.0)) -> list[Config]:
+    """n distinct unmeasured configs chosen by the cost model (see the module doc).
+
+    `candidates`: the whole space, enumerated once by the caller, to score exhaustively (else annealing);
+    `rerank`: a second scorer for the shortlist of `pool * n` the first one picks."""
+    if score is None:
+        return spread_design(space, seen, n, rng)
+    if pool < 1:
+        raise ValueError(f"pool must be >= 1, got {pool}")
+    n_model = n - _n_random(n, epsilon)
+    k = n_model * (pool if rerank is not None else 1)
+    if candidates is not None:
+        unseen = [c for c in candidates if c not in seen]
+        shortlist = _top_unseen(unseen, score(unseen), seen, k) if unseen else []
+    else:
+        shortlist = _anneal(space, seen, k, rng, score, elites, population, steps, temperature)
+    chosen = _top_unseen(shortlist, rerank(shortlist), seen, n_model) if rerank is not None and shortlist \
+        else shortlist[:n_model]
     return chosen + _random_unseen(space, seen | set(chosen), n - len(chosen), rng)
 
 
 STRATEGIES: dict[str, Callable[..., list[Config]]] = {
-    "xgb": annealing_search,
+    "xgb": model_search,
+    "annealing": annealing_search,
     "random": random_search,
 }

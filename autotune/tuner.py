@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from cost_model import XGBCostModel, featurize
+import search_spaces
+from cost_model import Ranker, TaskFeaturizer, TrainingSet
+from cost_model.features import check_feature_set, uses_program
 from search_spaces import Config, InvalidConfig
 
 from . import records
@@ -26,59 +30,41 @@ class TuneResult:
     measured: int  # candidates measured in this run
     resumed: int  # candidates already in the log for this task
     curve: list[float] = field(default_factory=list)  # best latency after each trial of this run
+    trials: list[records.Record] = field(default_factory=list)  # this run's records, in measured order
 
 
-class _Training:
-    """Training data for the cost model: every record of this op and device, any workload, of the current
-    template version (older code's timings rank the old code's configs, not ours) unless `include_stale`."""
-
-    def __init__(self, task: Task, include_stale: bool = False):
-        self.task = task
-        self.version = None if include_stale else task.template_version
-        self.rows: list[np.ndarray] = []
-        self.latencies: list[float] = []
-        self.groups: list[str] = []
-        self._spaces: dict[str, Any] = {}
-
-    def add(self, recs: list[records.Record]) -> None:
-        for r in recs:
-            if r.op != self.task.op or r.device != self.task.device.name or r.error_kind in ("invalid", "harness") \
-                    or self.version not in (None, r.template_version):
-                continue
-            try:
-                if r.workload_key not in self._spaces:
-                    w = self.task.template.Workload.from_json(r.workload)
-                    self._spaces[r.workload_key] = (w, self.task.template.space(w, self.task.device.target()))
-                w, space = self._spaces[r.workload_key]
-                row = featurize(w, space, [space.from_json(r.config)])[0]
-            except (InvalidConfig, ValueError, TypeError):
-                continue  # a record of an older space: not comparable, not fatal
-            if self.rows and len(row) != len(self.rows[0]):
-                continue
-            self.rows.append(row)
-            self.latencies.append(r.latency)
-            self.groups.append(r.workload_key)
+DEFAULT_BATCH = {"xgb": 8, "annealing": 16, "random": 16}  # xgb: a model refit every 8 trials, not 16
+AUTO_FEATURES = "all"  # what `features="auto"` means: the set that ranked best (benchmarks/rank_quality.py)
 
 
 def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
-         batch_size: int = 16, early_stopping: int | None = None, timing: Timing = Timing(),
+         batch_size: int | None = None, early_stopping: int | None = None, timing: Timing = Timing(),
          builder: Builder | None = None, runner: Any = None, progress: bool = True,
-         include_stale: bool = False, retry_errors: Iterable[str] = (), confirm: int = 3) -> TuneResult:
+         include_stale: bool = False, retry_errors: Iterable[str] = (), confirm: int = 3,
+         transfer: Iterable[str | Path] | None = None, features: str = "auto",
+         options: dict[str, Any] | None = None) -> TuneResult:
     """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
 
     Configs already in the log for this task are never measured again (resume), except those whose records
-    failed with a kind in `retry_errors` and those only the harness failed on; records of other workloads of
-    the same op and device train the cost model from the start. Records of another template version (older
-    schedule code) count for nothing unless `include_stale`. Before it stops, a run that measured anything
-    measures its `confirm` fastest configs once more (not counted as trials): the best is the config whose
-    pooled measurements are fastest, not the luckiest single one.
+    failed with a kind in `retry_errors` and those only the harness failed on. Every other record of `log` and
+    of the `transfer` logs (None: the shipped logs of this device kind, as TopHub; (): none) trains the cost
+    model from the start, as `cost_model.training` decides: other shapes, other CPU models, other operators
+    through program features. Records of another template version count for nothing unless `include_stale`.
+    `features` picks the model's feature set (`cost_model.FEATURE_SETS`, or "auto"); `options` go to the
+    strategy (e.g. {"epsilon": 0.2, "pool": 4}). Before it stops, a run that measured anything measures its
+    `confirm` fastest configs once more (not counted as trials): the best is the config whose pooled
+    measurements are fastest, not the luckiest single one.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     if trials < 1:
         raise ValueError("trials must be >= 1")
+    batch_size = DEFAULT_BATCH.get(strategy, 16) if batch_size is None else batch_size
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    feature_set = check_feature_set(AUTO_FEATURES if features == "auto" else features)
     retry = check_error_kinds(retry_errors)
-    propose = STRATEGIES[strategy]
+    propose = _with_options(STRATEGIES[strategy], options or {})
     space = task.space
     rng = random.Random(seed)
 
@@ -96,24 +82,16 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
             pass
     best = records.best(mine, task.op, task.workload_key, task.device.name)
 
-    model = XGBCostModel(seed=seed) if strategy == "xgb" else None
-    training = _Training(task, include_stale)
-    training.add(history)
-    # Shipped records of this op and device (logs/<kind>/<op>.jsonl) warm the model up, as TopHub does.
-    training.add(records.load_many(p for p in records.shipped_logs(task.op, task.device.name)
-                                   if Path(p).resolve() != Path(log).resolve()))
-    if model is not None and training.rows:
-        model.update(np.stack(training.rows), training.latencies, training.groups)
-
-    def score(cfgs: list[Config]) -> np.ndarray:
-        assert model is not None
-        return model.predict(featurize(task.workload, space, cfgs))
+    model = _Model(task, space, feature_set, include_stale, seed) if strategy in _MODEL_STRATEGIES else None
+    if model is not None:
+        model.learn(history + records.load_many(_transfer_logs(task, transfer, log)))
 
     if runner is None:
         require_local_device(task)  # before anything is built
     own_builder, own_runner = builder is None, runner is None
     builder = builder or Builder()
     runner = runner or LocalRunner(timing)
+    extra = model.search_arguments(builder, propose) if model is not None else {}
     bar = _progress(trials, task, progress)
     result = TuneResult(best=best, measured=0, resumed=len({r.config_key for r in mine}))
     since_improvement = 0
@@ -122,8 +100,8 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
             n = min(batch_size, trials - result.measured)
             elites = [space.from_json(r.config) for r in sorted((r for r in mine if r.ok),
                                                                  key=lambda r: r.latency)[:16]]
-            use_model = model is not None and model.trained
-            batch = propose(space, seen, n, rng, score if use_model else None, elites=elites)
+            score = model.score if model is not None and model.trained else None
+            batch = propose(space, seen, n, rng, score, elites=elites, **(extra if score else {}))
             if not batch:
                 break  # the whole space is measured
             seen.update(batch)
@@ -131,6 +109,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
             new = [_to_record(task, m) for m in measured]
             records.append(log, new)
             mine += new
+            result.trials += new
             for r in new:
                 result.measured += 1
                 if r.ok and (result.best is None or r.latency < result.best.latency):
@@ -140,9 +119,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
                     since_improvement += 1
                 result.curve.append(result.best.latency if result.best else math.inf)
             if model is not None:
-                training.add(new)
-            if model is not None and training.rows:  # a batch the harness failed on whole trains nothing
-                model.update(np.stack(training.rows), training.latencies, training.groups)
+                model.learn(new, refit=True)
             bar.update(len(new))
             if result.best is not None:
                 bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms")
@@ -163,6 +140,96 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
         if own_runner:
             runner.close()
     return result
+
+
+_MODEL_STRATEGIES = ("xgb", "annealing")
+ENUMERATE_LIMIT = 200_000  # spaces up to this many knob combinations are scored whole, not annealed
+
+
+class _Model:
+    """A run's cost model: the transfer policy's training set, the task's featurizer and the ranker(s).
+
+    With program features, candidates must be lowered to be featurized, so a knob model shortlists and the
+    program model reranks the shortlist (lowered in the build workers, remembered per config)."""
+
+    def __init__(self, task: Task, space: Any, feature_set: str, include_stale: bool, seed: int):
+        from cost_model.program import PROGRAM_FEATURES_VERSION
+
+        self.task, self.space, self.feature_set = task, space, feature_set
+        version = (lambda op, device: None) if include_stale else records.current_version
+        target = task.device.to_json()
+
+        def ranker(fs: str) -> Ranker:
+            training = TrainingSet(task.op, task.device.name, fs, search_spaces.get, version,
+                                   PROGRAM_FEATURES_VERSION)
+            return Ranker(training, TaskFeaturizer(task.op, task.workload, space, target, fs), seed=seed)
+
+        self.main = ranker(feature_set)
+        self.shortlist = ranker("knobs") if uses_program(feature_set) else None
+        self._enumerated: list[Config] | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.main.trained and (self.shortlist is None or self.shortlist.trained)
+
+    def learn(self, recs: Sequence[records.Record], refit: bool = True) -> None:
+        for ranker in (self.main, self.shortlist):
+            if ranker is None:
+                continue
+            ranker.training.add(recs)
+            for r in recs:  # measured programs need no lowering when the reranker asks for them
+                if r.op == self.task.op and r.workload_key == self.task.workload_key and r.features \
+                        and r.device == self.task.device.name:
+                    try:
+                        ranker.featurizer.program[self.space.from_json(r.config)] = r.features
+                    except InvalidConfig:
+                        pass
+            if refit:
+                ranker.fit()
+
+    def score(self, cfgs: Sequence[Config]) -> np.ndarray:
+        return (self.shortlist or self.main).score(cfgs)
+
+    def search_arguments(self, builder: Any, propose: Any) -> dict[str, Any]:
+        """What `model_search` takes beyond the scorer: the enumerated space, and the program reranker."""
+        params = inspect.signature(propose).parameters
+        out: dict[str, Any] = {}
+        if "candidates" in params and self.space.raw_size <= ENUMERATE_LIMIT:
+            out["candidates"] = list(self.space)
+        if "rerank" in params and self.shortlist is not None:
+            out["rerank"] = functools.partial(self._rerank, builder)
+        return out
+
+    def _rerank(self, builder: Any, cfgs: Sequence[Config]) -> np.ndarray:
+        program = self.main.featurizer.program
+        todo = [c for c in cfgs if c not in program]
+        if todo and hasattr(builder, "featurize"):
+            for cfg, feats in zip(todo, builder.featurize(self.task, todo)):
+                program[cfg] = feats
+        return self.main.score(cfgs)
+
+
+def _with_options(propose: Any, options: dict[str, Any]) -> Any:
+    """`propose` with the strategy options bound, after checking it takes them (a typo is an error)."""
+    if not options:
+        return propose
+    params = inspect.signature(propose).parameters
+    unknown = sorted(set(options) - {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY or
+                                      (p.default is not p.empty and n not in ("score", "elites"))})
+    if unknown:
+        raise ValueError(f"strategy options {unknown} are not options of {propose.__name__}")
+    return functools.partial(propose, **options)
+
+
+def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, log: str | Path) -> list[Path]:
+    if transfer is None:  # shipped records of this device kind, every operator (program features are shared)
+        paths = [p for op in search_spaces.names() for p in records.shipped_logs(op, task.device.name)]
+    else:
+        paths = [Path(p) for p in ([transfer] if isinstance(transfer, (str, Path)) else transfer)]
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"transfer logs not found: {', '.join(missing)}")
+    return [p for p in paths if p.resolve() != Path(log).resolve()]
 
 
 def _leaders(recs: list[records.Record], task: Task, n: int) -> list[Config]:
@@ -221,8 +288,12 @@ def dry_run(task: Task, trials: int, seed: int = 0, builder: Builder | None = No
 
 
 def _to_record(task: Task, m: Measured) -> records.Record:
+    from cost_model.program import PROGRAM_FEATURES_VERSION
+
     cfg = m.built.config
-    return task.record(cfg, costs=m.costs, error_kind=m.error_kind, error=m.error, build_s=m.built.build_s)
+    return task.record(cfg, costs=m.costs, error_kind=m.error_kind, error=m.error, build_s=m.built.build_s,
+                       features=m.built.features or None,
+                       features_version=PROGRAM_FEATURES_VERSION if m.built.features else "")
 
 
 def _progress(total: int, task: Task, enabled: bool) -> Any:

@@ -1,6 +1,8 @@
-"""How candidates are ranked before they are measured: features and an XGBoost ranker."""
+"""How candidates are ranked before they are measured: named features, the transfer policy and an XGBoost ranker."""
 
-from .features import featurize
+from .features import FEATURE_SETS, Columns, TaskFeaturizer
+from .ranker import Ranker
+from .training import TrainingSet
 from .xgb import XGBCostModel
 
-__all__ = ["featurize", "XGBCostModel"]
+__all__ = ["FEATURE_SETS", "Columns", "Ranker", "TaskFeaturizer", "TrainingSet", "XGBCostModel"]

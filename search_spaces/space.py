@@ -4,6 +4,10 @@ A knob is declared once, at module level in its template, with a docstring-like 
 Knobs whose domain depends on the workload (a split of the embedding dimension, say) are declared without
 their extent and bound with `.over(extent)` when the template builds its `Space`. Schedules read a config
 with the knob object itself, `cfg[VECTOR]`, so a misspelt knob is a NameError, not a silent default.
+
+A space may name *path* knobs: knobs whose values select different generated code (tensor cores, dp4a or
+plain multiply-adds). Constraints make the paths' shares of the space very unequal, so uniform sampling would
+rarely visit a small path; `sample` therefore picks a path first, and `spread` covers every path.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
 
 __all__ = ["Choice", "Config", "InvalidConfig", "Knob", "Space", "Split", "Constraint"]
 
@@ -166,18 +172,34 @@ class Config:
 
 
 class Space:
-    """A finite set of configs: the product of knob domains, filtered by constraints."""
+    """A finite set of configs: the product of knob domains, filtered by constraints.
 
-    def __init__(self, knobs: Sequence[Knob], constraints: Sequence[Constraint] = ()):
+    `paths` names the knobs whose values select different generated code (a path is the tuple of their
+    values, `path_of`); sampling is uniform over the paths that have a valid config, then uniform within one.
+    """
+
+    def __init__(self, knobs: Sequence[Knob], constraints: Sequence[Constraint] = (), paths: Sequence[str] = ()):
         names = [k.name for k in knobs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate knob names in {names}")
         self.knobs: tuple[Knob, ...] = tuple(knobs)
         self.constraints: tuple[Constraint, ...] = tuple(constraints)
+        self._names = tuple(names)
         self._domains = [k.values for k in self.knobs]
         for knob, dom in zip(self.knobs, self._domains):
             if not dom:
                 raise ValueError(f"knob {knob.name} has an empty domain")
+        paths = (paths,) if isinstance(paths, str) else tuple(paths)
+        unknown = [p for p in paths if p not in names]
+        if unknown:
+            raise ValueError(f"unknown path knob(s) {unknown}: the space's knobs are {names}")
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"path knobs named twice in {list(paths)}")
+        self.paths: tuple[str, ...] = paths
+        self._path_index = tuple(names.index(p) for p in paths)
+        self._present: tuple[tuple[Any, ...], ...] | None = None  # paths_present(), found once
+        self._valid: dict[tuple[Any, ...], list[Config]] = {}  # a path's valid configs, when rejection fails
+        self._unit: tuple[np.ndarray, np.ndarray] | None = None  # per-column (low, span) of the encodings
 
     # ---- construction and validation -------------------------------------------------------------
     def make(self, values: dict[str, Any]) -> Config:
@@ -233,17 +255,125 @@ class Space:
             return cfg
         raise ValueError("the space has no valid config")
 
-    def sample(self, rng: random.Random, tries: int = 1000) -> Config:
-        """A uniformly random valid config (rejection sampling over the knob product)."""
-        names = [k.name for k in self.knobs]
+    # ---- code paths ------------------------------------------------------------------------------
+    def path_of(self, cfg: Config) -> tuple[Any, ...]:
+        """The code path a config takes: the values of the path knobs, in `paths` order (() without paths)."""
+        values = dict(cfg.items)
+        try:
+            return tuple(values[p] for p in self.paths)
+        except KeyError:
+            raise ValueError(f"config {cfg} lacks the path knobs {list(self.paths)}") from None
+
+    def paths_present(self) -> tuple[tuple[Any, ...], ...]:
+        """The paths with at least one valid config, in declaration order; found once, then cached."""
+        if self._present is None:
+            probe = random.Random(0)  # private: what sample() draws must not depend on what is cached yet
+            self._present = tuple(
+                path for path in itertools.product(*(self._domains[i] for i in self._path_index))
+                if self._draw(path, probe, 200) is not None or next(self._iter_path(path), None) is not None)
+        return self._present
+
+    def _iter_path(self, path: tuple[Any, ...]) -> Iterator[Config]:
+        """The valid configs of one path, in declaration order (the product of the other knobs' domains)."""
+        domains = list(self._domains)
+        for i, value in zip(self._path_index, path):
+            domains[i] = (value,)
+        for combo in itertools.product(*domains):
+            cfg = Config(tuple(zip(self._names, combo)))
+            if self.is_valid(cfg):
+                yield cfg
+
+    def _draw(self, path: tuple[Any, ...], rng: random.Random, tries: int) -> Config | None:
+        """Rejection sampling within a path (its knobs fixed, the others drawn in knob order), or None.
+
+        Without paths every knob is drawn, exactly as before paths existed: seeded runs repeat."""
+        fixed = dict(zip(self._path_index, path))
         for _ in range(tries):
-            cfg = Config(tuple((n, rng.choice(d)) for n, d in zip(names, self._domains)))
+            cfg = Config(tuple((name, fixed[i] if i in fixed else rng.choice(dom))
+                               for i, (name, dom) in enumerate(zip(self._names, self._domains))))
             if self.is_valid(cfg):
                 return cfg
-        valid = list(self)
-        if not valid:
+        return None
+
+    def sample(self, rng: random.Random, tries: int = 1000) -> Config:
+        """A random valid config: a path uniformly among those present, then a uniform config within it
+        (rejection sampling, falling back to the path's enumerated valid configs, cached)."""
+        if self.paths:
+            present = self.paths_present()
+            if not present:
+                raise ValueError("the space has no valid config")
+            path = rng.choice(present)
+        else:
+            path = ()
+        cfg = self._draw(path, rng, tries)
+        if cfg is not None:
+            return cfg
+        if path not in self._valid:
+            self._valid[path] = list(self._iter_path(path))
+        if not self._valid[path]:
             raise ValueError("the space has no valid config")
-        return rng.choice(valid)
+        return rng.choice(self._valid[path])
+
+    def spread(self, n: int, rng: random.Random, first: Sequence[Config] = ()) -> list[Config]:
+        """n distinct valid configs spread over the space, for a first batch that no model has chosen.
+
+        Starts with `first` (the default config, say), then picks greedily the config farthest (maximin
+        Euclidean distance over the knob encodings, each column scaled to [0, 1] by its domain) from those
+        already picked, out of a pool of max(64, 16 n) samples; paths missing from the picks go first."""
+        if n < 0:
+            raise ValueError(f"spread: n must be >= 0, got {n}")
+        chosen = list(first)
+        if len(chosen) > n:
+            raise ValueError(f"spread: {len(chosen)} first configs given for n={n}")
+        if len(set(chosen)) != len(chosen):
+            raise ValueError("spread: the first configs repeat a config")
+        bad = [str(c) for c in chosen if c not in self]
+        if bad:
+            raise ValueError(f"spread: first configs not in this space: {bad}")
+        need, taken = n - len(chosen), set(chosen)
+        if need == 0:
+            return chosen
+        pool = [c for c in dict.fromkeys(self.sample(rng) for _ in range(max(64, 16 * n))) if c not in taken]
+        if len(pool) < need:  # a small space (or a huge n): take all that is left
+            pool = [c for c in self if c not in taken]
+            rng.shuffle(pool)
+            if len(pool) < need:
+                raise ValueError(f"spread: {n} distinct configs asked for, but the space has only "
+                                 f"{len(pool) + len(taken)} valid configs")
+        points = self._unit_rows(pool)
+        nearest = np.full(len(pool), np.inf)  # distance of each pool config to the nearest pick so far
+        for row in self._unit_rows(chosen):
+            nearest = np.minimum(nearest, np.sqrt(((points - row) ** 2).sum(axis=1)))
+        kinds = list(dict.fromkeys(self.path_of(c) for c in pool))
+        path_ids = np.array([kinds.index(self.path_of(c)) for c in pool])
+        uncovered = np.ones(len(kinds), dtype=bool)
+        for c in chosen:
+            if self.path_of(c) in kinds:
+                uncovered[kinds.index(self.path_of(c))] = False
+        free = np.ones(len(pool), dtype=bool)
+        for _ in range(need):
+            allowed = free & uncovered[path_ids] if uncovered.any() else free
+            j = int(np.argmax(np.where(allowed, nearest, -np.inf)))
+            chosen.append(pool[j])
+            free[j] = False
+            uncovered[path_ids[j]] = False
+            nearest = np.minimum(nearest, np.sqrt(((points - points[j]) ** 2).sum(axis=1)))
+        return chosen
+
+    def _unit_rows(self, configs: Sequence[Config]) -> np.ndarray:
+        """Encodings of configs with each column scaled to [0, 1] over its knob's domain (so that no knob
+        weighs more in a distance for its units: log2 of a tile against an option index)."""
+        if self._unit is None:
+            lows, highs = [], []
+            for knob, dom in zip(self.knobs, self._domains):
+                enc = np.array([knob.encode(v) for v in dom], dtype=float)
+                lows += list(enc.min(axis=0))
+                highs += list(enc.max(axis=0))
+            low, high = np.array(lows), np.array(highs)
+            self._unit = low, np.where(high > low, high - low, 1.0)
+        low, span = self._unit
+        rows = np.array([self.encode(c) for c in configs], dtype=float).reshape(len(configs), len(low))
+        return (rows - low) / span
 
     def neighbour(self, cfg: Config, rng: random.Random, tries: int = 100) -> Config:
         """A valid config differing from `cfg` in one knob, moved to an adjacent value (or any, at random)."""

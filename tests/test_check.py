@@ -103,6 +103,17 @@ def test_a_swap_with_recomputed_hashes_fails_by_numerics(copy, capsys):
     assert first["why"].startswith("case ") and "error" in first["why"] and "PyTorch" in first["why"]
 
 
+def test_kernels_built_by_other_template_code_fail_with_what_to_do(copy):
+    manifest = read_manifest(copy)
+    manifest["kernels"][0]["template_version"] = "0ld0ld0ld0ld"
+    write_manifest(copy, manifest)
+    _rehash(copy)  # an old package is intact: only its template version tells
+    first, second = check(copy, cases=1).results
+    assert first.status == "failed" and "package template_version '0ld0ld0ld0ld'" in first.failure
+    assert "Export the package again" in first.failure and f"{copy}:" in first.failure
+    assert second.status == "passed"
+
+
 def test_json_names_the_first_failure_and_every_kernel(copy, capsys):
     _swap_files(copy)
     assert main(["check", str(copy), "--json", "--seed", "7", "--cases", "3"]) == 1

@@ -144,3 +144,18 @@ def test_best_pools_every_measurement_of_a_config():
     pooled = records.best([first, steady, again], "op", "w1", "cpu:x")
     assert pooled.config_key == "a" and sorted(pooled.costs) == [1.0, 1.0, 2.0, 3.0, 9.0, 9.0]
     assert pooled.latency == 2.5  # the median of both measurements, not the first one's 2.0
+
+
+def test_program_features_round_trip_and_lines_without_them_load(tmp_path):
+    log = tmp_path / "log.jsonl"
+    with_features = replace(rec("f"), features={"p.stores": 2.0, "p.sum.0": 1.5}, features_version="1")
+    old = json.loads(rec("old").to_json())
+    del old["features"], old["features_version"]  # a line written before records had them
+    records.append(log, [with_features])
+    with open(log, "a") as f:
+        f.write(json.dumps(old) + "\n")
+        f.write(rec("bad").to_json().replace('"features":null', '"features":[1,2]') + "\n")
+    with pytest.warns(CorruptLogWarning, match="features"):
+        a, b = records.load(log)
+    assert a == with_features and a.features["p.sum.0"] == 1.5
+    assert b.config_key == "old" and b.features is None and b.features_version == "" and b.ok

@@ -1,4 +1,4 @@
-"""autotune.torch's thread-pool defaults: set at import, before TVM's pool starts; the user's environment wins."""
+"""autotune's thread-pool defaults: set at `import autotune`, before TVM's pool starts; the user's environment wins."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import subprocess
 import sys
 import textwrap
 
-from autotune.torch import threads
+from autotune import thread_env as threads
+from autotune.torch import threads as torch_threads
 
 SPIN = "TVM_THREAD_POOL_SPIN_COUNT"
 
@@ -41,12 +42,36 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run_child(**env: str) -> dict:
+def run_child(code: str = CHILD, **env: str) -> dict:
+    """The JSON line `code` prints, run in a fresh interpreter without the thread variables of this one."""
     clean = {k: v for k, v in os.environ.items() if k not in threads.VARIABLES and k != threads.OFF}
-    done = subprocess.run([sys.executable, "-c", CHILD], env={**clean, **env}, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_autotune_torch_reads_the_same_defaults() -> None:
+    assert torch_threads.apply is threads.apply and torch_threads.DEFAULTS is threads.DEFAULTS
+
+
+BARE = textwrap.dedent("""
+    import json, os, sys
+    import autotune
+    print(json.dumps({"spin": os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"), "torch": "torch" in sys.modules,
+                      "applied": autotune.thread_env.applied()}))
+""")
+
+
+def run_bare(**env: str) -> dict:
+    """`import autotune` alone (as the tuner's workers and `autotune.kernel` users do) in a clean environment."""
+    return run_child(BARE, **env)
+
+
+def test_import_autotune_alone_sets_the_spin_count_without_importing_torch() -> None:
+    assert run_bare() == {"spin": "0", "torch": False, "applied": {SPIN: "0"}}
+    assert run_bare(TVM_THREAD_POOL_SPIN_COUNT="5") == {"spin": "5", "torch": False, "applied": {}}
+    assert run_bare(AUTOTUNE_THREAD_DEFAULTS="0") == {"spin": None, "torch": False, "applied": {}}
 
 
 def test_import_sets_the_defaults_before_tvms_pool_starts() -> None:

@@ -469,6 +469,52 @@ def test_load_skips_kernels_of_another_cpu_and_says_why(package, tmp_path):
     at.unload_all()
 
 
+def _view_with_manifest(package: Path, into: Path, manifest: dict) -> Path:
+    """`package` with another manifest: its files linked, not copied (so only the manifest differs)."""
+    for item in package.iterdir():
+        if item.name != "manifest.json":
+            (into / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
+    (into / "manifest.json").write_text(json.dumps(manifest))
+    return into
+
+
+@pytest.mark.parametrize("old", ["0ld0ld0ld0ld", None])
+def test_load_refuses_kernels_built_by_other_template_code(package, tmp_path, old):
+    from search_spaces.version import template_version
+
+    manifest = read_manifest(package)
+    entry = next(e for e in manifest["kernels"] if e["op"] == "interaction")
+    current = template_version("interaction", "cpu")
+    assert entry["template_version"] == current and "record_template_version" not in entry
+    if old is None:
+        del entry["template_version"]  # a package from before manifests recorded it
+    else:
+        entry["template_version"] = old
+    loaded = len(at.REGISTRY.packages)
+    with pytest.raises(at.StalePackage) as err:
+        at.load(_view_with_manifest(package, tmp_path, manifest))
+    shown = repr(old) if old else "none (exported before packages recorded it)"
+    assert f"interaction on cpu: package template_version {shown}, this code's {current!r}" in str(err.value)
+    assert "embedding_bag" not in str(err.value)  # only the stale op is named
+    assert "Export the package again from records of the current code" in str(err.value)
+    assert "tune again" in str(err.value) and str(tmp_path) in str(err.value)
+    assert len(at.REGISTRY.packages) == loaded  # nothing of it was loaded
+
+
+def test_export_records_the_code_that_built_a_kernel_from_a_stale_record(tmp_path):
+    """A record timed by older code (`autotune export --include-stale`) is rebuilt by today's code, which is
+    what the manifest's template_version names; the record's own version is kept beside it, and it loads."""
+    task = make_task("interaction", "cpu", batch=8, tables=3, dim=8)
+    (entry,) = export([task.record(task.space.default(), costs=(1e-5,), template_version="0ld0ld0ld0ld")],
+                      tmp_path)["kernels"]
+    assert entry["template_version"] == task.template_version != "0ld0ld0ld0ld"
+    assert entry["record_template_version"] == "0ld0ld0ld0ld"
+    try:
+        assert len(at.load(tmp_path).kernels) == 1
+    finally:
+        at.unload_all()
+
+
 def test_a_package_runs_without_the_tvm_compiler(package, tmp_path):
     fake = tmp_path / "tvm"
     fake.mkdir()

@@ -8,6 +8,7 @@ that cannot be built, one whose kernel is missing. The end-to-end tests (`slow`:
 from __future__ import annotations
 
 import operator
+import time
 import warnings
 from typing import Any, Callable
 
@@ -120,7 +121,10 @@ def _graph_ops(gm: Any) -> list[Any]:
 
 
 def tune(model: nn.Module, args: Any, tmp_path: Any, **kw: Any) -> tuple[Any, Any]:
+    """tune_model with the engine's checks by numbers only (`require_speedup=False` unless a test asks): the
+    test rules' replacements are no faster than the model's ops, and it is their wiring that is tested."""
     kw.setdefault("quantize", False)
+    kw.setdefault("require_speedup", False)
     return at.tune_model(model, args, log_dir=tmp_path / "logs", progress=False, bench_rounds=1,
                          bench_seconds=0.02, **kw)
 
@@ -210,6 +214,85 @@ def test_a_refused_replacement_leaves_no_nodes_or_buffers_behind(model):
     assert not hasattr(gm, "autotune_junk")
     done = G.rewrite(gm, args, [node_rule("junk", aten.sigmoid.default, junk)])
     assert len(done.replaced) == 1 and isinstance(gm.autotune_junk, torch.Tensor)  # used: it stays
+
+
+def fake_timer(old_s: float, new_s: float, calls: list[tuple[Any, Any]]) -> Callable[..., tuple[float, float]]:
+    """`speed.time_pair` that runs both sides once (their values are checked) and reports the given times."""
+
+    def time_pair(old: Any, new: Any, check: Any) -> tuple[float, float]:
+        calls.append((old(), new()))
+        return old_s, new_s
+
+    return time_pair
+
+
+def test_a_replacement_that_agrees_but_is_not_faster_is_kept_with_both_times(model, tmp_path, monkeypatch):
+    from autotune.torch import speed
+
+    args = make_batch(model, BATCH)
+    rules = [node_rule("relu", aten.relu.default, relu_to_clamp)]
+    check = at.SpeedCheck(rounds=1, seconds=0.001)
+    calls: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(speed, "time_pair", fake_timer(8.1e-3, 11.9e-3, calls))
+    opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert opt is model and report.replaced == [] and [k.where for k in report.kept] == ["bottom.1", "bottom.3",
+                                                                                        "top.1"]
+    assert "kept bottom.1 [relu]: not faster: 11.9 ms vs PyTorch 8.1 ms on the example inputs" in str(report)
+    # each side ran its own code: the model's relu and the replacement's clamp_min, on the same example values
+    assert len(calls) == 3 and all(len(o) == len(n) == 1 and torch.equal(o[0], n[0]) for o, n in calls)
+    assert aten.clamp_min.default not in _graph_ops(G.capture(model, args))
+
+    monkeypatch.setattr(speed, "time_pair", fake_timer(1e-3, 0.98e-3, []))  # 2% faster: within the margin
+    _, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert report.replaced == [] and all("at least 3% less time" in k.why for k in report.kept)
+
+    monkeypatch.setattr(speed, "time_pair", fake_timer(1e-3, 0.5e-3, []))
+    opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert [(r.old_s, r.new_s) for r in report.replaced] == [(1e-3, 0.5e-3)] * 3 and report.kept == []
+    assert "replaced bottom.1: relu at relu (max |new - old| 0; 0.5 ms vs PyTorch 1 ms)" in str(report)
+    assert aten.relu.default not in _graph_ops(opt)
+
+    with pytest.raises(ValueError, match="require_speedup=False times none"):
+        tune(model, args, tmp_path, rules=rules, speed=check)
+    with pytest.raises(ValueError, match="margin"):
+        at.SpeedCheck(margin=1.5)
+
+
+def _slow_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.002)
+    return torch.sigmoid(x)
+
+
+def test_the_speed_check_times_the_real_code_and_keeps_a_slower_replacement(model):
+    """No timer patched: a replacement that sleeps 2 ms per call against one sigmoid on 8 values."""
+    args = make_batch(model, BATCH)
+    gm = G.capture(model, args)
+    rule = node_rule("slow", aten.sigmoid.default, lambda gm, n: gm.graph.call_function(_slow_sigmoid, n.args))
+    done = G.rewrite(gm, args, [rule], speed=G.SpeedCheck(rounds=1, seconds=0.01))
+    (kept,) = done.kept
+    assert done.replaced == [] and kept.why.startswith("not faster: ")
+    new_ms = float(kept.why.split()[2])
+    assert new_ms >= 2.0 and _slow_sigmoid not in _graph_ops(gm)
+
+
+def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model):
+    """The interaction's nodes as one subgraph: it reads x and the 3 embeddings and recomputes the rest."""
+    from autotune.torch import speed
+
+    args = make_batch(model, BATCH)
+    gm = G.capture(model, args)
+    interp = torch.fx.Interpreter(gm, garbage_collect_values=False)
+    with torch.no_grad():
+        interp.run(*G.flat_inputs(gm, args))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and G.module_path(n) == "interaction"]
+    sub = speed.subgraph(gm, nodes, [nodes[-1]], interp.env)
+    tensors = [v for v in sub.values if isinstance(v, torch.Tensor)]
+    assert len(tensors) == 4 and tensors[0] is interp.env[nodes[0].args[0][0]]  # x, then e0, e1, e2
+    assert [v for v in sub.values if not isinstance(v, torch.Tensor)] == [BATCH]  # the graph's batch symbol
+    (out,) = sub()
+    assert torch.equal(out, interp.env[nodes[-1]])
+    old, new = speed.time_pair(lambda: None, lambda: time.sleep(0.001), G.SpeedCheck(rounds=2, seconds=0.01))
+    assert new >= 1e-3 > old
 
 
 def test_rewrite_refuses_what_ready_refuses_and_overlapping_matches(model):
@@ -308,7 +391,7 @@ def fp32_run(tmp_path_factory):
     args = make_batch(m, BATCH)
     log_dir = tmp_path_factory.mktemp("tune_model_fp32")
     opt, report = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False,
-                                bench_rounds=1, bench_seconds=0.05)
+                                bench_rounds=1, bench_seconds=0.05, require_speedup=False)  # tiny: may lose
     return m, args, opt, report, log_dir
 
 
@@ -335,7 +418,8 @@ def test_tiny_dlrm_end_to_end_fp32(fp32_run):
 def test_a_second_call_with_the_same_logs_tunes_nothing(fp32_run):
     m, args, opt, report, log_dir = fp32_run
     manifest = (log_dir / "package" / "manifest.json").stat().st_mtime_ns
-    opt2, again = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False, bench_rounds=0)
+    opt2, again = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False, bench_rounds=0,
+                                require_speedup=False)
     assert again.measured == 0 and all(t.resumed >= 2 for t in again.tasks)
     assert not again.exported and (log_dir / "package" / "manifest.json").stat().st_mtime_ns == manifest
     assert [r.rule for r in again.replaced] == [r.rule for r in report.replaced]
@@ -350,7 +434,8 @@ def test_tiny_dlrm_int8(model, tmp_path):
 
     args = make_batch(model, BATCH)
     opt, report = at.tune_model(model, args, log_dir=tmp_path / "logs", trials=2, quantize=True, progress=False,
-                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules())
+                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
+                                require_speedup=False)  # batch 8: int8 need not win, its wiring is tested
     assert {t.op for t in report.tasks} == {"qmatmul", "quantize_rows"}, str(report)
     assert [r.where for r in report.replaced] == ["bottom.2, bottom.3"], str(report)  # the one wide layer
     ops = _graph_ops(opt)

@@ -181,13 +181,52 @@ def test_harness_failures_are_measured_again_on_resume(tmp_path, workers):
 
 
 def test_the_cost_model_trains_on_the_current_version_only_unless_include_stale():
-    from autotune.tuner import _Training
+    import search_spaces
+    from autotune import records
+    from cost_model import TrainingSet
 
     task = make_task("templates.faulty", "cpu", shape="n=64")
     cfgs = list(task.space)
     recs = [task.record(cfgs[0], costs=(1e-6,)), task.record(cfgs[1], costs=(2e-6,), template_version="0ld"),
             task.record(cfgs[2], costs=(3e-6,), template_version=""), task.record(cfgs[3], error_kind="harness")]
-    current, every = _Training(task), _Training(task, include_stale=True)
+
+    def training(version):
+        return TrainingSet(task.op, task.device.name, "knobs", search_spaces.get, version)
+
+    current, every = training(records.current_version), training(lambda op, device: None)
     current.add(recs)
     every.add(recs)
     assert current.latencies == [1e-6] and every.latencies == [1e-6, 2e-6, 3e-6]
+
+
+def test_transfer_warms_the_first_batch_and_cold_starts_spread_out(tmp_path, workers, monkeypatch):
+    """With a log of another shape the very first batch is the model's; with transfer=() it is the spread
+    design, the default config first; unknown transfer logs and strategy options are errors."""
+    from autotune import search
+
+    seen_scores = []
+    real = search.model_search
+
+    def spy(space, seen, n, rng, score=None, elites=(), **kw):
+        seen_scores.append(score is not None)
+        return real(space, seen, n, rng, score, elites, **kw)
+
+    monkeypatch.setitem(search.STRATEGIES, "xgb", spy)
+    other = make_task("embedding_bag", "cpu", shape="rows=400,dim=16,batch=32,pooling=0-12,dist=zipf:1.1")
+    source = tmp_path / "other.jsonl"
+    tune(other, trials=8, log=source, strategy="random", batch_size=8, builder=workers[0], runner=workers[1],
+         progress=False, confirm=0)
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    cold = tune(task, trials=4, log=tmp_path / "cold.jsonl", batch_size=4, transfer=(), builder=workers[0],
+                runner=workers[1], progress=False, confirm=0)
+    assert seen_scores == [False] and cold.trials[0].config_key == task.space.default().key()
+    seen_scores.clear()
+    tune(task, trials=4, log=tmp_path / "warm.jsonl", batch_size=4, transfer=[source], builder=workers[0],
+         runner=workers[1], progress=False, confirm=0)
+    assert seen_scores == [True]
+    with pytest.raises(FileNotFoundError, match="transfer logs not found"):
+        tune(task, trials=1, log=tmp_path / "x.jsonl", transfer=[tmp_path / "missing.jsonl"], progress=False)
+    with pytest.raises(ValueError, match="not options"):
+        tune(task, trials=1, log=tmp_path / "x.jsonl", options={"epsilonn": 0.2}, progress=False)
+    with pytest.raises(ValueError, match="feature set"):
+        tune(task, trials=1, log=tmp_path / "x.jsonl", features="knob", progress=False)

@@ -18,15 +18,16 @@ from . import threads  # noqa: F401  TVM thread-pool defaults, set before any ke
 from . import ops
 from .ops import BINDINGS, IndexOutOfRange, InvalidDtype, InvalidInput, NoTunedKernelWarning
 from .optimize import OptimizeReport, optimize
-from .registry import REGISTRY, LoadedKernel, Package, load, load_default
+from .registry import REGISTRY, LoadedKernel, Package, StalePackage, load, load_default
+from .speed import SpeedCheck
 from .tune_model import TuneModelReport, tune_model
 
 EXPORTS: dict[str, object] = {name: value for b in BINDINGS.values() for name, value in b.exports}
 globals().update(EXPORTS)  # at.EmbeddingBag, at.quantize_rows, ...: declared by the operators' bindings
 
 __all__ = sorted(["IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKernel", "NoTunedKernelWarning",
-                  "OptimizeReport", "Package", "REGISTRY", "TuneModelReport", "load", "load_default", "ops",
-                  "optimize", "tune_model", "unload_all", *EXPORTS])
+                  "OptimizeReport", "Package", "REGISTRY", "SpeedCheck", "StalePackage", "TuneModelReport", "load",
+                  "load_default", "ops", "optimize", "tune_model", "unload_all", *EXPORTS])
 
 
 def unload_all() -> None:

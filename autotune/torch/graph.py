@@ -11,7 +11,8 @@ engine checks every replacement by numbers before it keeps it:
     rewrite:  per rule, in priority order, on the graph as earlier rules left it: find again, `replace` each
               match (new nodes inserted, not wired), run the graph once on the example inputs computing old and
               new values together, rewire the outputs of the matches whose new values agree within their
-              tolerance, erase the others' new nodes, drop dead code.
+              tolerance (and, with `speed`, whose new nodes run faster than the old ones: `speed.py`), erase
+              the others' new nodes, drop dead code.
 
 `node_times` and `profile` time each node on the example inputs: each task's share of the eager time, and a
 per-module breakdown (node.meta["nn_module_stack"]).
@@ -34,7 +35,10 @@ from torch.utils import _pytree as pytree
 import search_spaces
 from search_spaces.template import GraphMatch, GraphRule, Kept
 
-__all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "capture", "collect_rules", "discover",
+from . import speed as _speed
+from .speed import SpeedCheck
+
+__all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "SpeedCheck", "capture", "collect_rules", "discover",
            "example_values", "flat_inputs", "module_path", "node_times", "profile", "rewrite"]
 
 _STRUCTURAL = ("placeholder", "get_attr", "output")
@@ -239,12 +243,14 @@ def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule]
 
 @dataclass(frozen=True)
 class Replaced:
-    """A match whose replacement reproduced the model's values and was wired in."""
+    """A match whose replacement reproduced the model's values (and, when timed, ran faster) and was wired in."""
 
     rule: str
     what: str
     where: str
     max_error: float
+    old_s: float | None = None  # the replaced code's and the replacement's seconds on the example inputs,
+    new_s: float | None = None  # when the rewrite timed them (`speed`)
 
 
 @dataclass
@@ -254,13 +260,15 @@ class Rewrite:
 
 
 def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
-            ready: Callable[[GraphMatch], str | None] = lambda m: None) -> Rewrite:
+            ready: Callable[[GraphMatch], str | None] = lambda m: None,
+            speed: SpeedCheck | None = None) -> Rewrite:
     """Rewrite `gm` in place, rule by rule (see the module docstring); `ready(match)` says why a match must be
-    kept before it is tried (e.g. its kernel was not tuned), or None."""
+    kept before it is tried (e.g. its kernel was not tuned), or None. With `speed`, a replacement that agrees
+    is also timed against the code it replaces and kept out unless it is faster by `speed.margin`."""
     out = Rewrite()
     claimed: set[fx.Node] = set()  # nodes of committed matches
     for rule in rules:
-        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out)
+        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, speed)
     return out
 
 
@@ -272,7 +280,8 @@ class _Pending:
 
 
 def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
-                  ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite) -> None:
+                  ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite,
+                  speed: SpeedCheck | None) -> None:
     values = example_values(gm, example_inputs)
     attrs = _attr_names(gm)
     pending: list[_Pending] = []
@@ -299,17 +308,31 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
             err = max(err, e) if e == e else err
             if why:
                 break
+        times: tuple[float, float] | tuple[None, None] = (None, None)
+        if not why and speed is not None:
+            why, times = _pays(gm, p, env, speed)
         if why:
             out.kept.append(Kept(p.match.rule, p.match.where, why))
             _erase(gm, p.added)
         else:
             _commit(p)
             claimed.update(p.match.nodes)
-            out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err))
+            out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err, *times))
     gm.graph.eliminate_dead_code(is_impure_node=_impure)
     _drop_unused_attrs(gm, attrs)
     gm.graph.lint()
     gm.recompile()
+
+
+def _pays(gm: fx.GraphModule, p: _Pending, env: dict[fx.Node, Any], check: SpeedCheck) \
+        -> tuple[str, tuple[float, float] | tuple[None, None]]:
+    """(why the replacement does not pay, or "", (old, new) seconds): the match's whole group of old nodes
+    against all its new ones, on the check run's values."""
+    try:
+        old_s, new_s = _speed.measure(gm, p.match.nodes, p.match.outputs, p.added, p.new, env, check)
+    except Exception as err:  # noqa: BLE001 -- a replacement that cannot be timed is not shown to pay
+        return f"timing the replacement raised {type(err).__name__}: {err}", (None, None)
+    return _speed.slower(old_s, new_s, check), (old_s, new_s)
 
 
 def _replace(gm: fx.GraphModule, match: GraphMatch) -> _Pending | str:

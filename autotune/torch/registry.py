@@ -28,9 +28,31 @@ from search_spaces.template import TorchBinding
 from .. import runtime
 from ..package import read_manifest
 
-__all__ = ["Chunk", "LoadedKernel", "Package", "Registry", "REGISTRY", "device_key", "load", "load_default"]
+__all__ = ["Chunk", "LoadedKernel", "Package", "Registry", "REGISTRY", "StalePackage", "device_key", "load",
+           "load_default"]
 
 DEFAULT_ENV = "AUTOTUNE_KERNELS"  # os.pathsep-separated package directories loaded on first use
+
+
+class StalePackage(ValueError):
+    """A package whose kernels were built by other template code than this installation's: their arguments
+    and layouts may differ from what the torch ops pass, so they are refused at load, not at a call."""
+
+
+def _stale(entries: Sequence[dict[str, Any]], bindings: dict[str, tuple[Any, TorchBinding]]) -> list[str]:
+    """One line per (op, device kind, package version) whose template_version differs from this code's."""
+    from search_spaces.template import is_gpu
+    from search_spaces.version import template_version
+
+    out: dict[tuple[str, str, str], str] = {}
+    for e in entries:
+        op, kind = str(e["op"]), "cuda" if is_gpu(str(e["device"])) else "cpu"
+        old, current = str(e.get("template_version") or ""), template_version(bindings[op][0], kind)
+        if old != current:
+            shown = repr(old) if old else "none (exported before packages recorded it)"
+            out.setdefault((op, kind, old), f"{op} on {kind}: package template_version {shown}, this code's "
+                                            f"{current!r}")
+    return list(out.values())
 
 
 def _config(raw: dict[str, Any]) -> Config:
@@ -205,7 +227,9 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
     CPU kernels are loaded only if tuned for this machine's CPU model (`cpu` names another to accept, e.g.
     "cpu:sapphirerapids", or "any"); CUDA kernels only where PyTorch sees a GPU. Entries not loaded are listed
     in `Package.skipped`, with the reason. Kernels of a later package replace those of an earlier one for the
-    same operator, signature and size.
+    same operator, signature and size. A package whose kernels (those that would load) were built by other
+    template code than this installation's (manifest `template_version`) raises StalePackage, naming each op,
+    both versions and what to do; nothing of it is loaded.
     """
     import torch
 
@@ -230,6 +254,13 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
             pkg.skipped.append((entry, f"unknown device {dev!r}"))
         else:
             usable.append(entry)
+    stale = _stale(usable, bindings)
+    if stale:
+        raise StalePackage(f"{path}: its kernels were built by other template code than this installation's, so "
+                           f"they may take other arguments: {'; '.join(stale)}. Export the package again from "
+                           f"records of the current code (`autotune export --log LOG --out DIR`; records of older "
+                           f"code are stale: tune again with `autotune tune`, or rerun tune_model with the same "
+                           f"log_dir), or load it with the autotune version that exported it")
     gpu = [e for e in usable if e["device"].startswith("cuda")]
     if gpu:
         try:

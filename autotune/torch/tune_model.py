@@ -9,7 +9,9 @@ time; each task is tuned (`log_dir/<op>.jsonl`, resuming: a task with `trials` c
 nothing, and records of other shapes of the op warm the cost model); the best record of each task (a shipped
 record of the same workload and CPU when faster) is exported to `log_dir/package` (kept as it is when it already
 holds exactly those kernels) and loaded; the rules rewrite the graph, each replacement kept only if it
-reproduces the model's values on the example inputs; eager and optimized latency are measured interleaved.
+reproduces the model's values on the example inputs and (`require_speedup`) runs faster than the code it
+replaces there, timed interleaved (`speed.py`: a tuned kernel can agree and still lose to PyTorch, as int8
+Linears do on small CPUs); eager and optimized latency are measured interleaved.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
 """
@@ -31,6 +33,7 @@ import search_spaces
 from search_spaces.template import GraphMatch, GraphRule, Kept
 
 from .graph import Replaced, _as_args, capture, collect_rules, discover, node_times, rewrite
+from .speed import SpeedCheck, ms
 
 __all__ = ["TaskReport", "TuneModelReport", "tune_model"]
 
@@ -100,7 +103,9 @@ class TuneModelReport:
             lines += [f"  {t}" for t in self.tasks]
         if self.package is not None:
             lines.append(f"package: {self.package} ({'exported' if self.exported else 'unchanged, not re-exported'})")
-        lines += [f"replaced {r.where or '(model)'}: {r.what} (max |new - old| {r.max_error:.2g})"
+        lines += [f"replaced {r.where or '(model)'}: {r.what} (max |new - old| {r.max_error:.2g}"
+                  + (f"; {ms(r.new_s)} vs PyTorch {ms(r.old_s)}" if r.old_s is not None and r.new_s is not None
+                     else "") + ")"
                   for r in self.replaced]
         lines += [f"kept {k.where or '(model)'} [{k.rule}]: {k.why}" for k in self.kept]
         if self.eager_s is not None and self.optimized_s is not None:
@@ -116,7 +121,8 @@ class TuneModelReport:
 def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cpu", log_dir: str | Path,
                trials: int = 64, quantize: bool = True, progress: bool = True, shipped: bool = True,
                extra_rules: Iterable[GraphRule] = (), rules: Iterable[GraphRule] | None = None,
-               bench_rounds: int = 3, bench_seconds: float = 0.3) -> tuple[torch.nn.Module, TuneModelReport]:
+               bench_rounds: int = 3, bench_seconds: float = 0.3, require_speedup: bool = True,
+               speed: SpeedCheck | None = None) -> tuple[torch.nn.Module, TuneModelReport]:
     """Tune the operators `model` runs on `example_inputs` for `device` and return (the rewritten model, the
     report). See the module docstring.
 
@@ -124,8 +130,13 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     rules that change numerics (int8 Linear layers) out. `shipped`: a shipped record of the same workload and
     CPU competes with the tuned ones. `extra_rules` join the operators' graph rules (`rules` replaces them).
     `bench_rounds` interleaved rounds of `bench_seconds` per model time eager against optimized (0: no timing).
+    `require_speedup`: a replacement that agrees is also timed against the code it replaces on the example
+    inputs and kept out unless it is faster by `speed.margin` (default `SpeedCheck()`: 3%, 3 rounds of 0.1 s
+    per side); False wires in every replacement that agrees (tests on tiny models, where kernels may lose).
     A model with nothing to replace comes back as it is; example inputs the model rejects raise its own error.
     """
+    if speed is not None and not require_speedup:
+        raise ValueError("tune_model: speed= sets how replacements are timed, but require_speedup=False times none")
     args = _as_args(example_inputs)
     gm = capture(model, args)
     ruleset = collect_rules(quantize, extra_rules, rules)
@@ -141,7 +152,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     best = [t.record for t in report.tasks if t.record is not None]
     if best:
         report.package, report.exported = _package(best, log_dir / "package")
-    done = rewrite(gm, args, ruleset, _ready(report.tasks))
+    done = rewrite(gm, args, ruleset, _ready(report.tasks), (speed or SpeedCheck()) if require_speedup else None)
     report.replaced, report.kept = done.replaced, done.kept
     if not done.replaced:
         report.note = "no replacement was kept; the model comes back unchanged"

@@ -63,7 +63,8 @@ def space(w: Workload, target: Any) -> Space:
                   N_BLOCK, UNROLL, THREADING],
                  [Constraint("the intrinsic fixes the layout", layout_ok),
                   Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
-                  Constraint("weight-only has no int8 intrinsic", lambda c: w.mode == "int8" or c[INTRINSIC] == "none")])
+                  Constraint("weight-only has no int8 intrinsic", lambda c: w.mode == "int8" or c[INTRINSIC] == "none")],
+                 paths=[INTRINSIC.name])  # each intrinsic is its own inner kernel: sampled evenly, whatever its share
 
 
 def padded(w: Workload, cfg: Config) -> tuple[int, int, int]:

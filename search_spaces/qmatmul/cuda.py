@@ -147,7 +147,8 @@ def space(w: Workload, target: Any) -> Space:
                     lambda c: _shared_bytes(w, c) <= max_shared),
          Constraint("every thread copies whole vectors", lambda c: _copies_even(w, c)),
          Constraint("prefetching holds at most 256 bytes (64 registers) of the next slice per thread",
-                    lambda c: _prefetch_bytes(w, c) <= 256)])
+                    lambda c: _prefetch_bytes(w, c) <= 256)],
+        paths=[COMPUTE.name])  # tensor cores are ~22% of the valid configs; sampled per path, a third
 
 
 def padded(w: Workload, cfg: Config) -> tuple[int, int, int]:

@@ -126,6 +126,19 @@ def test_gpu_space_lowers_its_default_config(op):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("device", ["cpu", "cuda:sm_90"])
+def test_sampling_covers_every_code_path_of_the_space(op, device):
+    space = _task(op, device).space
+    names = [k.name for k in space.knobs]
+    assert all(p in names for p in space.paths), (space.paths, names)
+    present = space.paths_present()
+    assert present, f"{op} on {device}: no code path has a valid config"
+    rng = random.Random(0)
+    seen = [space.path_of(space.sample(rng)) for _ in range(20 * len(present))]
+    assert set(seen) == set(present), f"{op} on {device}: sampling missed {set(present) - set(seen)}"
+
+
+@pytest.mark.parametrize("op", OPS)
 def test_torch_binding_is_consistent_with_the_workload(op):
     tpl, w = search_spaces.get(op), _task(op).workload
     binding = tpl.torch_binding()

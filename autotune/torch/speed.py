@@ -1,0 +1,114 @@
+"""Whether a replacement pays: its new nodes timed against the model's code they replace, on the example inputs.
+
+A replacement can agree by numbers and still be slower: on a 2-core znver3 the int8 Linear (quantize_rows +
+qmatmul) loses to PyTorch's fp32 GEMM (2048x415->512: 11.7 ms against 8.1 ms), and wiring it in made the whole
+model 0.75x eager. So the rewrite (`graph.rewrite(speed=SpeedCheck())`) times each agreeing match before it
+commits it: the match's old nodes and its new nodes, each as a standalone GraphModule fed the example values of
+its inputs (a fused match as its whole group: 26 embedding bags against the one batched launch and its views;
+an interaction with its stack/cat against the op that reads the embeddings in place), in interleaved rounds so
+that drift hits both alike, medians, by the measurement core's timer. The model keeps its code unless the
+replacement takes at least `margin` less time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.fx as fx
+
+__all__ = ["SpeedCheck", "Subgraph", "measure", "ms", "slower", "subgraph", "time_pair"]
+
+_INPUTS = ("placeholder", "get_attr")  # nodes whose values a subgraph takes as inputs, not recomputes
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    """How a replacement is timed against the code it replaces, and by how much it must win."""
+
+    margin: float = 0.03  # the replacement must take at least this fraction less time
+    rounds: int = 3  # interleaved rounds (old, new, old, new, ...); the median of each side counts
+    seconds: float = 0.1  # per side per round
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"SpeedCheck.margin must be in [0, 1), got {self.margin!r}")
+        if self.rounds < 1:
+            raise ValueError(f"SpeedCheck.rounds must be at least 1, got {self.rounds!r}")
+        if not self.seconds > 0:
+            raise ValueError(f"SpeedCheck.seconds must be positive, got {self.seconds!r}")
+
+
+class Subgraph:
+    """Some of a graph's nodes as a standalone call: `module` (a GraphModule of just those nodes) applied to
+    `values`, the example values of every node they read from outside; returns the chosen outputs' values."""
+
+    def __init__(self, module: fx.GraphModule, values: list[Any]):
+        self.module = module
+        self.values = values
+        self.on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
+
+    def __call__(self) -> tuple[Any, ...]:
+        out = self.module(*self.values)
+        if self.on_gpu:
+            torch.cuda.synchronize()  # a call's time is its kernels', not their launch
+        return out
+
+
+def subgraph(gm: fx.GraphModule, nodes: Iterable[fx.Node], outputs: Sequence[fx.Node],
+             env: dict[fx.Node, Any]) -> Subgraph:
+    """`nodes` (run in graph order) returning `outputs`' values; every other node they read, and their own
+    placeholders and get_attrs, is an input holding its value from `env`."""
+    inside = {n for n in nodes if n.op not in _INPUTS}
+    g = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    values: list[Any] = []
+
+    def value_of(n: fx.Node) -> fx.Node:
+        if n not in copies:
+            copies[n] = g.placeholder(f"input_{len(values)}")
+            values.append(env[n])
+        return copies[n]
+
+    for n in gm.graph.nodes:
+        if n in inside:
+            copies[n] = g.node_copy(n, value_of)
+    g.output(tuple(value_of(o) for o in outputs))
+    return Subgraph(fx.GraphModule(gm, g), values)  # gm as root: a call_module among `nodes` finds its module
+
+
+def time_pair(old: Callable[[], Any], new: Callable[[], Any], check: SpeedCheck) -> tuple[float, float]:
+    """(old, new) median seconds per call over `check.rounds` interleaved rounds of `check.seconds` each."""
+    from ..bench import median_seconds
+
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(check.rounds):
+        times[0].append(median_seconds(old, check.seconds))
+        times[1].append(median_seconds(new, check.seconds))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def measure(gm: fx.GraphModule, old_nodes: Iterable[fx.Node], old_outputs: Sequence[fx.Node],
+            new_nodes: Iterable[fx.Node], new_outputs: Sequence[fx.Node], env: dict[fx.Node, Any],
+            check: SpeedCheck) -> tuple[float, float]:
+    """(old, new) seconds of a match's code and its replacement on the example values in `env` (inference
+    mode, as the rewritten model serves)."""
+    old = subgraph(gm, old_nodes, old_outputs, env)
+    new = subgraph(gm, new_nodes, new_outputs, env)
+    with torch.inference_mode():
+        return time_pair(old, new, check)
+
+
+def slower(old_s: float, new_s: float, check: SpeedCheck) -> str:
+    """Why the replacement does not pay ("" when it takes at least `check.margin` less time than the old code)."""
+    if new_s <= old_s * (1.0 - check.margin):
+        return ""
+    return (f"not faster: {ms(new_s)} vs PyTorch {ms(old_s)} on the example inputs (a replacement must take at "
+            f"least {check.margin:.0%} less time; tune_model(require_speedup=False) wires it in anyway)")
+
+
+def ms(seconds: float) -> str:
+    """Seconds as milliseconds with 3 significant digits: "11.9 ms", "0.0123 ms"."""
+    return f"{seconds * 1e3:.3g} ms"

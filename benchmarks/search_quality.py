@@ -1,0 +1,450 @@
+"""Does the cost model earn its place? Tuning curves of xgb, random and variants from fresh logs, over seeds.
+
+    python benchmarks/search_quality.py --op qmatmul --shape m=2048,k=512,n=256 --seeds 5 --trials 64 \
+        [--contenders xgb=xgb random=random eps=xgb:epsilon=0.3,batch=8] [--transfer LOG] [--cache PATH] \
+        [--json out.json] [--png out.png] [--noise 10] [--margin 0.05]
+
+Every run starts from an empty log and a cold model (tune's `transfer=()`); `--transfer LOG` adds the contender
+`xgb+transfer`, warmed by LOG less the benchmarked workload's own records. Runs are interleaved seed by seed
+(for each seed, each contender) so that drift of the machine over the benchmark hits all contenders alike, and
+all of them measure through one `MeasurementCache` (autotune/measure_cache.py): a config is measured once and
+every run that proposes it sees the same number, so no strategy wins by a lucky draw of the same config.
+
+Figures, against the best latency measured in the whole benchmark: best-after-N medians over seeds, and per
+seed the first trial whose best-so-far is within the margin of the best (a run that never gets there counts as
+twice the budget in the median). `--noise K` times the default and the best config K times each (one build,
+K measurements of that library); when the best config's interquartile spread (IQR/median) exceeds --margin,
+the margin used is that spread: a smaller one would rank runs by noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from autotune import records
+from autotune.build import Builder
+from autotune.measure import LocalRunner, Timing, require_local_device
+from autotune.measure_cache import MeasurementCache
+from autotune.search import STRATEGIES
+from autotune.task import Task, make_task
+from autotune.tuner import tune
+from cost_model import FEATURE_SETS as _SETS
+
+CHECKPOINTS = (8, 16, 32, 64)
+FEATURE_SETS = (*_SETS, "auto")  # what tune(features=...) takes
+DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
+TRANSFER_LABEL = "xgb+transfer"
+
+
+# ---- contenders ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Contender:
+    """One way to tune: a strategy with tune's batch size, feature set and strategy options."""
+
+    label: str
+    strategy: str
+    batch: int | None = None  # None: tune's default
+    features: str | None = None  # None: tune's default
+    options: dict[str, Any] = field(default_factory=dict)
+    transfer: tuple[str, ...] = ()  # logs warming the model; () = cold
+
+
+def _value(text: str) -> Any:
+    """An option's value: int, float, bool (true/false) or the text itself."""
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_contender(spec: str) -> Contender:
+    """`LABEL=STRATEGY[:key=value,...]`: keys `batch` and `features` are tune's; any other is a strategy option."""
+    label, eq, rest = spec.partition("=")
+    label = label.strip()
+    if not eq or not label or not re.fullmatch(r"[\w.+-]+", label):
+        raise ValueError(f"contender {spec!r}: expected LABEL=STRATEGY[:key=value,...] with a label of letters, "
+                         "digits and _.+-")
+    strategy, colon, opts = rest.partition(":")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"contender {spec!r}: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    batch, features, options = None, None, {}
+    for item in filter(None, opts.split(",")):
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key or not text:
+            raise ValueError(f"contender {spec!r}: option {item!r} is not key=value")
+        if key in options or (key == "batch" and batch is not None) or (key == "features" and features is not None):
+            raise ValueError(f"contender {spec!r}: {key!r} given twice")
+        if key == "batch":
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"contender {spec!r}: batch must be a whole number >= 1, not {text!r}")
+            batch = int(text)
+        elif key == "features":
+            if text not in FEATURE_SETS:
+                raise ValueError(f"contender {spec!r}: features must be one of {', '.join(FEATURE_SETS)}, "
+                                 f"not {text!r}")
+            features = text
+        else:
+            options[key] = _value(text)
+    if colon and not options and batch is None and features is None:
+        raise ValueError(f"contender {spec!r}: nothing after ':'")
+    return Contender(label, strategy, batch, features, options)
+
+
+def parse_contenders(specs: Sequence[str]) -> list[Contender]:
+    out = [parse_contender(s) for s in specs]
+    labels = [c.label for c in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"contender label given twice: {', '.join(dup)}")
+    return out
+
+
+# ---- metrics ------------------------------------------------------------------------------------------------
+def best_so_far(latencies: Sequence[float]) -> list[float]:
+    """The tuning curve: best latency after each trial (infinity until the first correct one)."""
+    out, best = [], math.inf
+    for x in latencies:
+        best = min(best, x)
+        out.append(best)
+    return out
+
+
+def best_after(curve: Sequence[float], n: int) -> float:
+    """Best after n trials; a run that stopped earlier (space exhausted) keeps its last best."""
+    return curve[min(n, len(curve)) - 1] if curve else math.inf
+
+
+def trials_to_within(curve: Sequence[float], target: float) -> int | None:
+    """The first trial (1-based) whose best-so-far is <= target, or None if the run never got there."""
+    return next((i for i, x in enumerate(curve, 1) if x <= target), None)
+
+
+def median_trials(per_seed: Sequence[int | None], trials: int) -> float:
+    """Median over seeds of trials-to-within-margin; a seed that never got there counts as 2 * trials."""
+    if not per_seed:
+        raise ValueError("no runs")
+    return statistics.median(2 * trials if t is None else t for t in per_seed)
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Spread of repeated measurements of one config: (max-min)/median and interquartile range/median."""
+    if not values:
+        return {"n": 0, "median_s": math.nan, "range_rel": math.nan, "iqr_rel": math.nan}
+    import numpy as np
+
+    med = statistics.median(values)
+    q1, q3 = np.percentile(values, [25, 75])
+    return {"n": len(values), "median_s": med, "range_rel": (max(values) - min(values)) / med,
+            "iqr_rel": float(q3 - q1) / med}
+
+
+def checkpoints(trials: int) -> list[int]:
+    """The best-after-N columns: 8/16/32/64 up to the budget, and the budget itself."""
+    return sorted({c for c in CHECKPOINTS if c <= trials} | {trials})
+
+
+# ---- running ------------------------------------------------------------------------------------------------
+def _tune_kwargs(c: Contender) -> dict[str, Any]:
+    """tune's keywords for one contender, less those this tune() does not take yet (warned about once)."""
+    wanted: dict[str, Any] = {"transfer": list(c.transfer), "features": c.features or "auto",
+                              "options": dict(c.options) or None}
+    if c.batch is not None:
+        wanted["batch_size"] = c.batch
+    accepted = inspect.signature(tune).parameters
+    for key in [k for k in wanted if k not in accepted]:
+        value = wanted.pop(key)
+        if key == "transfer":
+            _warn_once("tune() takes no transfer= yet: every run is warmed by the shipped logs of this op, and "
+                       "--transfer changes nothing")
+        elif value not in (None, "auto"):
+            _warn_once(f"tune() takes no {key}= yet: {c.label}'s {key} {value!r} is ignored")
+    return wanted
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, stacklevel=3)
+
+
+def filter_transfer(src: str | Path, task: Task, out: Path) -> tuple[int, int, dict[str, int]]:
+    """Write `src` less the records of `task`'s own workload (any device: the answer must not be in the
+    warm-up) to `out`; returns (kept, dropped, kept count by 'op shape @ device')."""
+    if not Path(src).exists():
+        raise ValueError(f"transfer log {src} does not exist")
+    kept, dropped, by = [], 0, {}
+    for r in records.load(src):
+        if r.op == task.op and r.workload_key == task.workload_key:
+            dropped += 1
+            continue
+        kept.append(r)
+        shape = ",".join(f"{k}={v}" for k, v in sorted(r.workload.items()))
+        name = f"{r.op} {shape} @ {r.device}"
+        by[name] = by.get(name, 0) + 1
+    records.append(out, kept)
+    return len(kept), dropped, by
+
+
+def _run(task: Task, c: Contender, seed: int, trials: int, log: Path, cache: MeasurementCache) -> dict[str, Any]:
+    t0, misses = time.perf_counter(), cache.misses
+    tune(task, trials, log, strategy=c.strategy, seed=seed, confirm=0, progress=False, builder=cache.builder,
+         runner=cache.runner, **_tune_kwargs(c))
+    recs = records.for_task(records.load(log), task.op, task.workload_key, task.device.name)[:trials]
+    lat = [r.latency for r in recs]
+    return {"contender": c.label, "seed": seed, "latencies": lat, "curve": best_so_far(lat),
+            "measured_new": cache.misses - misses, "wall_s": time.perf_counter() - t0}
+
+
+def remeasure(task: Task, builder: Any, runner: Any, cfg: Any, k: int) -> tuple[list[float], str | None]:
+    """Build `cfg` once and time that library k times (each through a copy: the runner deletes what it
+    measured); returns the k latencies and the first error, if any."""
+    (built,) = builder.build(task, [cfg])
+    if built.lib is None:
+        return [], f"{built.error_kind}: {built.error}"
+    out, error = [], None
+    try:
+        for _ in range(k):
+            fd, copy = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(built.lib))
+            os.close(fd)
+            shutil.copyfile(built.lib, copy)
+            (m,) = runner.measure(task, [replace(built, lib=copy)])
+            if m.error_kind is None and m.costs:
+                out.append(statistics.median(m.costs))
+            elif error is None:
+                error = f"{m.error_kind}: {m.error}"
+    finally:
+        try:
+            os.unlink(built.lib)
+        except OSError:
+            pass
+    return out, error
+
+
+def summarize(runs: list[dict[str, Any]], contenders: Sequence[Contender], best: float, margin: float,
+              trials: int) -> dict[str, dict[str, Any]]:
+    """Per contender: best-after-N medians over seeds, trials to within the margin per seed, their median,
+    and that median's ratio to random's."""
+    target = best * (1 + margin)
+    out: dict[str, dict[str, Any]] = {}
+    for c in contenders:
+        mine = sorted((r for r in runs if r["contender"] == c.label), key=lambda r: r["seed"])
+        per_seed = [trials_to_within(r["curve"], target) for r in mine]
+        out[c.label] = {
+            "strategy": c.strategy, "batch": c.batch, "features": c.features, "options": c.options,
+            "transfer": list(c.transfer),
+            "best_after": {str(n): statistics.median(best_after(r["curve"], n) for r in mine)
+                           for n in checkpoints(trials)} if mine else {},
+            "trials_to_margin": per_seed,
+            "median_trials_to_margin": median_trials(per_seed, trials) if mine else None,
+        }
+    base = out.get("random", {}).get("median_trials_to_margin")
+    for s in out.values():
+        s["vs_random"] = s["median_trials_to_margin"] / base if base and s["median_trials_to_margin"] else None
+    return out
+
+
+# ---- output -------------------------------------------------------------------------------------------------
+def _ms(x: float | None) -> str:
+    return f"{x * 1e3:.3f}" if x is not None and math.isfinite(x) else "-"
+
+
+def table(summary: dict[str, dict[str, Any]], trials: int, margin: float) -> str:
+    cps = checkpoints(trials)
+    head = ("| contender | " + " | ".join(f"@{n} ms" for n in cps)
+            + f" | trials to within {margin:.1%} (per seed) | median | vs random |")
+    lines = [head, "|" + "---|" * (len(cps) + 4)]
+    for label, s in summary.items():
+        seeds = ", ".join("never" if t is None else str(t) for t in s["trials_to_margin"])
+        ratio = f"{s['vs_random']:.2f}" if s["vs_random"] is not None else "-"
+        med = s["median_trials_to_margin"]
+        lines.append(f"| {label} | " + " | ".join(_ms(s["best_after"].get(str(n))) for n in cps)
+                     + f" | {seeds} | {'-' if med is None else f'{med:g}'} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no infinity: a failed trial's latency is null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def plot(path: str | Path, runs: list[dict[str, Any]], contenders: Sequence[Contender], trials: int,
+         target: float, title: str) -> None:
+    """Median best-so-far per contender over seeds, a min-max band, and the within-margin line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in contenders:
+        curves = [r["curve"] for r in runs if r["contender"] == c.label and r["curve"]]
+        if not curves:
+            continue
+        n = max(len(x) for x in curves)
+        a = np.array([list(x) + [x[-1]] * (n - len(x)) for x in curves], dtype=float) * 1e3
+        a[~np.isfinite(a)] = np.nan
+        x = np.arange(1, n + 1)
+        with warnings.catch_warnings():  # all-nan columns (no correct trial yet) are gaps, not errors
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med, lo, hi = np.nanmedian(a, 0), np.nanmin(a, 0), np.nanmax(a, 0)
+        (line,) = ax.plot(x, med, label=f"{c.label} (median of {len(curves)})")
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    if math.isfinite(target):
+        ax.axhline(target * 1e3, color="gray", linestyle="--", linewidth=1, label="best x (1 + margin)")
+    ax.set_yscale("log")
+    ax.set_xlim(1, max(trials, 2))
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("best latency so far (ms)")
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=8)  # a workload key is long
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _timing(text: str) -> Timing:
+    """`number=3,repeat=5,min_repeat_ms=50`: the runner's timing (default: the tuner's)."""
+    fields = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in ("number", "repeat", "min_repeat_ms"):
+            raise ValueError(f"--timing {text!r}: expected number=N,repeat=N,min_repeat_ms=MS")
+        fields[key] = float(value) if key == "min_repeat_ms" else int(value)
+    return Timing(**fields)
+
+
+# ---- main ---------------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--op", required=True)
+    p.add_argument("--shape", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seeds", type=int, required=True)
+    p.add_argument("--trials", type=int, required=True)
+    p.add_argument("--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), metavar="SPEC",
+                   help="LABEL=STRATEGY[:key=value,...]; keys batch, features, anything else a strategy option")
+    p.add_argument("--transfer", metavar="LOG", help="add xgb+transfer, warmed by LOG less this workload")
+    p.add_argument("--cache", metavar="PATH", help="measurement cache (a log); a rerun replays from it")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--png", metavar="PATH")
+    p.add_argument("--noise", type=int, default=10, metavar="K", help="time the default and the best config K times")
+    p.add_argument("--margin", type=float, default=0.05)
+    p.add_argument("--timing", default="", help="number=N,repeat=N,min_repeat_ms=MS (default: the tuner's)")
+    a = p.parse_args(argv)
+    try:
+        if a.seeds < 1 or a.trials < 1 or a.noise < 0 or not 0 <= a.margin < 1:
+            raise ValueError("--seeds and --trials must be >= 1, --noise >= 0 and --margin in [0, 1)")
+        contenders = parse_contenders(a.contenders)
+        if a.transfer and TRANSFER_LABEL in {c.label for c in contenders}:
+            raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
+        timing = _timing(a.timing)
+        task = make_task(a.op, a.device, shape=a.shape)
+        require_local_device(task)
+    except (ValueError, LookupError) as err:
+        p.error(str(err))
+
+    name = f"{task.op} {a.shape} on {task.device.name}"
+    with tempfile.TemporaryDirectory(prefix="search-quality-") as tmp:
+        transfer_info = None
+        if a.transfer:
+            warm = Path(tmp) / "transfer.jsonl"
+            kept, dropped, by = filter_transfer(a.transfer, task, warm)
+            transfer_info = {"log": str(a.transfer), "kept": kept, "dropped_own_workload": dropped, "by": by}
+            print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
+            for where, n in sorted(by.items()):
+                print(f"  {n:6d}  {where}")
+            contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
+        cache = MeasurementCache(a.cache, Builder(), LocalRunner(timing))
+        runs: list[dict[str, Any]] = []
+        try:
+            for seed in range(a.seeds):  # seed-major: drift of the machine hits every contender alike
+                for c in contenders:
+                    log = Path(tmp) / f"{c.label}-{seed}.jsonl"
+                    run = _run(task, c, seed, a.trials, log, cache)
+                    runs.append(run)
+                    print(f"seed {seed} {c.label:14s} best {_ms(run['curve'][-1] if run['curve'] else None)} ms, "
+                          f"{run['measured_new']} new measurements, {run['wall_s']:.0f} s", flush=True)
+            mine = [r for r in cache.records_for(task) if r.ok]
+            if not mine:
+                raise SystemExit(f"{name}: no correct config measured")
+            top = min(mine, key=lambda r: r.latency)
+            best = top.latency
+            noise: dict[str, Any] = {}
+            if a.noise:
+                default = task.space.default()
+                for which, cfg in (("default", default), ("best", task.space.from_json(top.config))):
+                    lat, err = remeasure(task, cache.inner_builder, cache.inner_runner, cfg, a.noise)
+                    noise[which] = {"config": cfg.to_json(), "latencies": lat, "error": err, **spread(lat)}
+        finally:
+            cache.close()
+
+    # The interquartile spread is how far a typical re-measurement of one config moves; the full range is set
+    # by the one run the machine descheduled, and would make every margin meaningless on a shared machine.
+    best_iqr = noise.get("best", {}).get("iqr_rel", math.nan)
+    if math.isfinite(best_iqr) and best_iqr > a.margin:
+        margin, why = best_iqr, (f"the best config's interquartile spread over {a.noise} measurements "
+                                 f"(IQR/median) exceeds the requested {a.margin:.1%}")
+    else:
+        margin = a.margin
+        why = ("requested" + (f"; the best config's interquartile spread over {a.noise} measurements is "
+                              f"{best_iqr:.1%}" if math.isfinite(best_iqr) else "; noise not measured"))
+    summary = summarize(runs, contenders, best, margin, a.trials)
+
+    print(f"\n{name}: {a.seeds} seeds x {a.trials} trials, fresh logs; best {_ms(best)} ms ({top.config})")
+    for which, s in noise.items():
+        print(f"noise, {which} config: median {_ms(s['median_s'])} ms, (max-min)/median {s['range_rel']:.1%}, "
+              f"IQR/median {s['iqr_rel']:.1%} over {s['n']} measurements" + (f"; {s['error']}" if s["error"] else ""))
+    d = noise.get("default", {}).get("median_s", math.nan)
+    if math.isfinite(d) and d < best:
+        print(f"note: the default config timed {_ms(d)} ms, faster than the best the runs measured")
+    print(f"margin {margin:.1%}: {why}")
+    print(f"cache: {cache.misses} measured, {cache.hits} answered from the cache"
+          + (f" ({a.cache})" if a.cache else ""))
+    print(table(summary, a.trials, margin))
+
+    out = {"op": task.op, "shape": a.shape, "device": task.device.name, "workload_key": task.workload_key,
+           "seeds": a.seeds, "trials": a.trials, "checkpoints": checkpoints(a.trials),
+           "best": {"latency_s": best, "config": top.config},
+           "margin": {"requested": a.margin, "used": margin, "why": why}, "noise": noise,
+           "cache": {"path": a.cache, "measured": cache.misses, "hits": cache.hits},
+           "transfer": transfer_info, "contenders": summary, "runs": runs}
+    if a.json:
+        Path(a.json).write_text(json.dumps(_finite(out), indent=1) + "\n", encoding="utf-8")
+    if a.png:
+        plot(a.png, runs, contenders, a.trials, best * (1 + margin),
+             f"{name}: median and min-max over {a.seeds} seeds")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

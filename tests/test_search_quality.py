@@ -1,0 +1,239 @@
+"""The search-quality benchmark: its metrics, its contender specs, the measurement cache, and one real run."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import records
+from autotune.build import Built
+from autotune.measure import Measured
+from autotune.measure_cache import MeasurementCache
+from autotune.task import make_task
+
+
+def _load_benchmark():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_quality.py"
+    spec = importlib.util.spec_from_file_location("search_quality", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sq = _load_benchmark()
+INF = math.inf
+
+
+# ---- metrics --------------------------------------------------------------------------------------------------
+def test_best_so_far_and_best_after():
+    curve = sq.best_so_far([INF, 3.0, 4.0, 2.0, 2.5])
+    assert curve == [INF, 3.0, 3.0, 2.0, 2.0]
+    assert [sq.best_after(curve, n) for n in (1, 2, 4, 5)] == [INF, 3.0, 2.0, 2.0]
+    assert sq.best_after(curve, 64) == 2.0  # a run that stopped early keeps its last best
+    assert sq.best_after([], 8) == INF
+
+
+def test_trials_to_within_counts_ties_and_never():
+    curve = [5.0, 4.0, 2.1, 2.0]
+    assert sq.trials_to_within(curve, 2.1) == 3  # equal to the target is within it
+    assert sq.trials_to_within(curve, 2.0999) == 4
+    assert sq.trials_to_within(curve, 1.0) is None
+    assert sq.trials_to_within([INF, INF], 1.0) is None
+
+
+def test_median_trials_counts_never_as_twice_the_budget():
+    assert sq.median_trials([None, 3, 5], trials=16) == 5
+    assert sq.median_trials([None, None, 5], trials=16) == 32
+    assert sq.median_trials([2, 6], trials=8) == 4  # even count: the mean of the middle two
+    with pytest.raises(ValueError):
+        sq.median_trials([], trials=8)
+
+
+def test_summarize_reports_medians_per_checkpoint_and_the_ratio_to_random():
+    contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
+    runs = [{"contender": "xgb", "seed": 0, "curve": [4.0, 2.0, 1.0, 1.0]},
+            {"contender": "xgb", "seed": 1, "curve": [3.0, 1.02, 1.02, 1.02]},
+            {"contender": "random", "seed": 0, "curve": [4.0, 4.0, 3.0, 3.0]},
+            {"contender": "random", "seed": 1, "curve": [2.0, 2.0, 2.0, 1.05]}]
+    s = sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=4)
+    assert s["xgb"]["trials_to_margin"] == [3, 2] and s["xgb"]["median_trials_to_margin"] == 2.5
+    assert s["random"]["trials_to_margin"] == [None, 4] and s["random"]["median_trials_to_margin"] == 6
+    assert s["xgb"]["vs_random"] == pytest.approx(2.5 / 6) and s["random"]["vs_random"] == 1
+    assert s["xgb"]["best_after"] == {"4": 1.01}
+    assert sq.checkpoints(40) == [8, 16, 32, 40] and sq.checkpoints(64) == [8, 16, 32, 64]
+    assert "never, 4" in sq.table(s, 4, 0.05)
+
+
+def test_spread_of_repeated_measurements():
+    s = sq.spread([1.0, 1.1, 0.9, 1.0, 1.2])
+    assert s["median_s"] == 1.0 and s["range_rel"] == pytest.approx(0.3) and s["iqr_rel"] == pytest.approx(0.1)
+    assert sq.spread([])["n"] == 0
+
+
+# ---- contender specs ----------------------------------------------------------------------------------------
+def test_contender_spec_parsing():
+    c = sq.parse_contender("eps=xgb:epsilon=0.3,batch=8,features=program,pool=4,greedy=true,mode=sa")
+    assert (c.label, c.strategy, c.batch, c.features) == ("eps", "xgb", 8, "program")
+    assert c.options == {"epsilon": 0.3, "pool": 4, "greedy": True, "mode": "sa"}
+    assert sq.parse_contender("random=random") == sq.Contender("random", "random")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("xgb", "expected LABEL=STRATEGY"), ("=xgb", "expected LABEL=STRATEGY"), ("a b=xgb", "label"),
+    ("a=gradient", "unknown strategy 'gradient'"), ("a=xgb:batch=0", "batch must be"),
+    ("a=xgb:batch=x", "batch must be"), ("a=xgb:features=pixels", "features must be one of"),
+    ("a=xgb:epsilon", "not key=value"), ("a=xgb:epsilon=", "not key=value"),
+    ("a=xgb:pool=2,pool=3", "given twice"), ("a=xgb:", "nothing after"),
+])
+def test_bad_contender_specs_say_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=message):
+        sq.parse_contender(spec)
+
+
+def test_duplicate_labels_and_bad_arguments_are_rejected(capsys):
+    with pytest.raises(ValueError, match="label given twice: a"):
+        sq.parse_contenders(["a=xgb", "a=random"])
+    with pytest.raises(SystemExit):
+        sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
+                 "--contenders", "a=nope"])
+    assert "unknown strategy 'nope'" in capsys.readouterr().err
+
+
+# ---- the measurement cache ----------------------------------------------------------------------------------
+class FakeBuilder:
+    def __init__(self):
+        self.built = []
+
+    def build(self, task, configs):
+        self.built += [c.key() for c in configs]
+        return [Built(c, f"/nonexistent/{i}.so", 0.25) for i, c in enumerate(configs)]
+
+
+class FakeRunner:
+    """Costs from a counter, so a second measurement of a config would differ from the first."""
+
+    def __init__(self, harness_for=()):
+        self.calls, self.n, self.harness_for = [], 0, set(harness_for)
+
+    def measure(self, task, builts):
+        self.calls.append([b.config.key() for b in builts])
+        out = []
+        for b in builts:
+            self.n += 1
+            kind = "harness" if b.config.key() in self.harness_for else None
+            out.append(Measured(b, () if kind else (self.n * 1e-6,), kind, "x" if kind else None))
+        return out
+
+
+@pytest.fixture
+def faulty():
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    return task, list(task.space)
+
+
+def _through(cache, task, cfgs):
+    return cache.runner.measure(task, cache.builder.build(task, cfgs))
+
+
+def test_a_hit_neither_builds_nor_measures_and_returns_the_stored_outcome(tmp_path, faulty):
+    task, cfgs = faulty
+    builder, runner = FakeBuilder(), FakeRunner()
+    cache = MeasurementCache(tmp_path / "c.jsonl", builder, runner)
+    first = _through(cache, task, cfgs[:3])
+    again = _through(cache, task, [cfgs[1], cfgs[3], cfgs[0]])
+    assert builder.built == [c.key() for c in cfgs[:3]] + [cfgs[3].key()]
+    assert runner.calls == [[c.key() for c in cfgs[:3]], [cfgs[3].key()]]
+    assert [m.costs for m in again] == [first[1].costs, (4e-6,), first[0].costs]
+    assert [m.built.config for m in again] == [cfgs[1], cfgs[3], cfgs[0]]
+    assert again[0].built.lib is None and again[0].built.build_s == 0.25
+    assert (cache.hits, cache.misses) == (2, 4)
+    cache.builder.close(), cache.runner.close()  # what a tuner may do: the workers stay
+    assert len(records.load_many([tmp_path / "c.jsonl"])) == 4
+
+
+def test_the_cache_persists_skips_corrupt_lines_and_never_caches_harness_failures(tmp_path, faulty):
+    task, cfgs = faulty
+    path = tmp_path / "c.jsonl"
+    first = _through(MeasurementCache(path, FakeBuilder(), FakeRunner(harness_for={cfgs[2].key()})), task, cfgs[:3])
+    assert first[2].error_kind == "harness"
+    with open(path, "a") as f:
+        f.write('{"op": "half a line\n')
+    builder, runner = FakeBuilder(), FakeRunner()
+    with pytest.warns(records.CorruptLogWarning):
+        cache = MeasurementCache(path, builder, runner)
+    replay = _through(cache, task, cfgs[:3])
+    assert [m.costs for m in replay[:2]] == [first[0].costs, first[1].costs]
+    assert runner.calls == [[cfgs[2].key()]] and replay[2].costs == (1e-6,)  # the harness failure measured anew
+
+
+def test_records_of_another_template_version_do_not_hit(tmp_path, faulty):
+    task, cfgs = faulty
+    path = tmp_path / "c.jsonl"
+    records.append(path, [task.record(cfgs[0], costs=(1.0,), template_version="0ld")])
+    runner = FakeRunner()
+    (m,) = _through(MeasurementCache(path, FakeBuilder(), runner), task, cfgs[:1])
+    assert runner.calls == [[cfgs[0].key()]] and m.costs == (1e-6,)
+
+
+@pytest.mark.skipif("features" not in {f.name for f in dataclasses.fields(Built)}, reason="no Built.features yet")
+def test_a_hit_carries_the_program_features_of_its_build(tmp_path, faulty):
+    task, cfgs = faulty
+
+    class FeaturingBuilder(FakeBuilder):
+        def build(self, task, configs):
+            return [dataclasses.replace(b, features={"p.stores": 2.0}) for b in super().build(task, configs)]
+
+    path = tmp_path / "c.jsonl"
+    _through(MeasurementCache(path, FeaturingBuilder(), FakeRunner()), task, cfgs[:1])
+    (m,) = _through(MeasurementCache(path, FakeBuilder(), FakeRunner()), task, cfgs[:1])
+    assert m.built.features == {"p.stores": 2.0}
+
+
+def test_transfer_log_drops_the_benchmarked_workload(tmp_path):
+    task = make_task("quantize_rows", "cpu", shape="rows=9,cols=37")
+    other = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")
+    cfg = task.space.default()
+    src = tmp_path / "src.jsonl"
+    records.append(src, [task.record(cfg, costs=(1.0,)), other.record(cfg, costs=(2.0,)),
+                         other.record(cfg, costs=(3.0,))])
+    kept, dropped, by = sq.filter_transfer(src, task, tmp_path / "out.jsonl")
+    assert (kept, dropped) == (2, 1) and list(by.values()) == [2] and "rows=64" in next(iter(by))
+    assert {r.workload_key for r in records.load(tmp_path / "out.jsonl")} == {other.workload_key}
+    with pytest.raises(ValueError, match="does not exist"):
+        sq.filter_transfer(tmp_path / "none.jsonl", task, tmp_path / "x.jsonl")
+
+
+# ---- one real run -------------------------------------------------------------------------------------------
+def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys):
+    import search_spaces
+
+    shape = search_spaces.get("quantize_rows").TEST_SHAPE
+    other = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")
+    warm = tmp_path / "warm.jsonl"
+    records.append(warm, [other.record(c, costs=(1e-5 * (i + 1),)) for i, c in enumerate(list(other.space)[:5])])
+    out = sq.main(["--op", "quantize_rows", "--shape", shape, "--seeds", "2", "--trials", "4", "--noise", "2",
+                   "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
+                   "--timing", "number=1,repeat=2,min_repeat_ms=1",
+                   "--json", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])
+    printed = capsys.readouterr().out
+    assert "| xgb+transfer |" in printed and "margin" in printed
+    d = json.loads((tmp_path / "o.json").read_text())
+    assert set(d["contenders"]) == {"xgb", "random", "xgb+transfer"}
+    assert [(r["seed"], r["contender"]) for r in d["runs"]] == [
+        (s, c) for s in (0, 1) for c in ("xgb", "random", "xgb+transfer")]  # interleaved, seed-major
+    assert all(len(r["curve"]) == 4 and r["curve"] == sorted(r["curve"], reverse=True) for r in d["runs"])
+    assert d["best"]["latency_s"] == min(x for r in d["runs"] for x in r["curve"])
+    assert d["transfer"]["kept"] == 5 and d["transfer"]["dropped_own_workload"] == 0
+    assert d["checkpoints"] == [4] and set(d["contenders"]["xgb"]["best_after"]) == {"4"}
+    assert all(len(d["noise"][w]["latencies"]) == 2 for w in ("default", "best"))
+    assert d["margin"]["used"] >= max(0.05, d["noise"]["best"]["iqr_rel"]) - 1e-12
+    # every config was measured once, however many runs proposed it
+    assert d["cache"]["measured"] == len({json.dumps(r.config, sort_keys=True)
+                                          for r in records.load(tmp_path / "cache.jsonl")})
+    assert (tmp_path / "o.png").stat().st_size > 1000
+    assert out["best"]["latency_s"] == d["best"]["latency_s"]
