@@ -74,14 +74,19 @@ class Device:
         return self.gpu is not None
 
     def target(self) -> Any:
-        import tvm
-
-        spec = self.to_json()
-        host = spec.pop("host", None)
-        return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
+        return target_from_json(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         return {k: json.loads(v) if k == "host" else v for k, v in self.target_json}
+
+
+def target_from_json(spec: dict[str, Any]) -> Any:
+    """A tvm Target from its JSON as devices and records hold it (a "host" entry is the host target)."""
+    import tvm
+
+    spec = dict(spec)
+    host = spec.pop("host", None)
+    return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
 
 @functools.lru_cache(maxsize=None)

@@ -119,7 +119,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
                     since_improvement += 1
                 result.curve.append(result.best.latency if result.best else math.inf)
             if model is not None:
-                model.learn(new, refit=True)
+                model.learn(new)
             bar.update(len(new))
             if result.best is not None:
                 bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms")
@@ -166,25 +166,24 @@ class _Model:
 
         self.main = ranker(feature_set)
         self.shortlist = ranker("knobs") if uses_program(feature_set) else None
-        self._enumerated: list[Config] | None = None
+        self.task_key = (task.op, task.workload_key, task.device.name)
 
     @property
     def trained(self) -> bool:
         return self.main.trained and (self.shortlist is None or self.shortlist.trained)
 
-    def learn(self, recs: Sequence[records.Record], refit: bool = True) -> None:
+    def learn(self, recs: Sequence[records.Record]) -> None:
+        """Take the records that can teach the task, then refit."""
+        program = self.main.featurizer.program  # measured programs need no lowering when the reranker asks
+        for r in recs:
+            if r.features and (r.op, r.workload_key, r.device) == self.task_key:
+                try:
+                    program[self.space.from_json(r.config)] = r.features
+                except InvalidConfig:
+                    pass
         for ranker in (self.main, self.shortlist):
-            if ranker is None:
-                continue
-            ranker.training.add(recs)
-            for r in recs:  # measured programs need no lowering when the reranker asks for them
-                if r.op == self.task.op and r.workload_key == self.task.workload_key and r.features \
-                        and r.device == self.task.device.name:
-                    try:
-                        ranker.featurizer.program[self.space.from_json(r.config)] = r.features
-                    except InvalidConfig:
-                        pass
-            if refit:
+            if ranker is not None:
+                ranker.training.add(recs)
                 ranker.fit()
 
     def score(self, cfgs: Sequence[Config]) -> np.ndarray:

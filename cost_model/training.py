@@ -80,9 +80,11 @@ class TrainingSet:
     def _space(self, r: Any) -> tuple[Any, Any]:
         key = (r.op, r.workload_key, r.device)
         if key not in self._spaces:
+            from autotune.targets import target_from_json  # here: autotune's tuner imports this module
+
             template = self.template(r.op)
             workload = template.Workload.from_json(r.workload)
-            space = template.space(workload, _target(r.target)) if r.op == self.op else None
+            space = template.space(workload, target_from_json(r.target)) if r.op == self.op else None
             self._spaces[key] = (workload, space)
         return self._spaces[key]
 
@@ -90,10 +92,3 @@ class TrainingSet:
         columns = columns or Columns.union(self.rows)
         return columns, columns.matrix(self.rows)
 
-
-def _target(target_json: dict[str, Any]) -> Any:
-    import tvm
-
-    spec = dict(target_json)
-    host = spec.pop("host", None)
-    return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
