@@ -67,10 +67,126 @@ def load_runtime(lib_dir: str | None = None, cuda: bool = False) -> None:
 
 
 def load_function(path: str, name: str = "main") -> Any:
-    """The kernel entry of an exported library (a callable taking torch tensors through DLPack)."""
+    """The kernel entry of an exported library (a callable taking torch tensors through DLPack); its parallel
+    loops run on PyTorch's OpenMP pool where one is loaded (`share_openmp_pool`)."""
     import tvm_ffi
 
-    return tvm_ffi.load_module(path)[name]
+    func = tvm_ffi.load_module(path)[name]
+    share_openmp_pool(path)
+    return func
+
+
+# ---- one thread pool: TVM's parallel loops on PyTorch's OpenMP workers ------------------------------------
+# A CPU kernel's parallel loop calls `TVMBackendParallelLaunch` through a pointer the library exports
+# (`__TVMBackendParallelLaunch`, set by the loader). TVM's own pool is a second set of worker threads beside
+# PyTorch's OpenMP pool: after each PyTorch op libgomp's workers spin for a while, and a TVM kernel started
+# then shares the cores with them (3x slower in a model than alone, measured on a 2-core znver3). Pointing
+# the library at this launcher runs the loop on libgomp's (already awake) workers instead: one pool, as IPEX's
+# kernels run on PyTorch's. Its thread count is PyTorch's (`torch.set_num_threads`); TVM_NUM_THREADS no longer
+# applies. AUTOTUNE_PARALLEL=tvm keeps TVM's pool.
+_OMP_BRIDGE_SOURCE = r"""
+#include <omp.h>
+#include <stddef.h>
+typedef struct { void* sync_handle; int num_task; } TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+
+int autotune_omp_parallel_launch(FTVMParallelLambda flambda, void* cdata, int num_task) {
+  int max = omp_get_max_threads(), failed = 0;
+  int n = (num_task > 0 && num_task < max) ? num_task : max;
+  if (n <= 1 || omp_in_parallel()) {  /* nested in an OpenMP region: run the tasks' work here, as one task */
+    TVMParallelGroupEnv env = {NULL, 1};
+    return flambda(0, &env, cdata);
+  }
+#pragma omp parallel num_threads(n) reduction(|: failed)
+  {
+    TVMParallelGroupEnv env = {NULL, omp_get_num_threads()};
+    failed |= flambda(omp_get_thread_num(), &env, cdata) != 0;
+  }
+  return failed ? -1 : 0;
+}
+
+int autotune_omp_parallel_barrier(int task_id, TVMParallelGroupEnv* penv) {
+#pragma omp barrier
+  return 0;
+}
+"""
+PARALLEL_ENV = "AUTOTUNE_PARALLEL"  # "openmp" (default) or "tvm"
+_BRIDGE: list[Any] = []  # [(launch address, barrier address)] once built, [None] where it cannot be
+_BRIDGE_LOCK = threading.Lock()
+
+
+def _openmp_loaded() -> bool:
+    """Whether libgomp (PyTorch's OpenMP runtime) is loaded in this process; never loads it."""
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+        return True
+    except (OSError, AttributeError):  # not loaded, or no RTLD_NOLOAD (not Linux)
+        return False
+
+
+def _bridge() -> tuple[int, int] | None:
+    """(launch, barrier) addresses of the OpenMP launcher, compiled once per machine into a cache directory
+    (it links the libgomp already loaded, PyTorch's); None where no C compiler is available."""
+    with _BRIDGE_LOCK:
+        if _BRIDGE:
+            return _BRIDGE[0]
+        import hashlib
+        import subprocess
+        import tempfile
+        import warnings
+
+        digest = hashlib.sha256(_OMP_BRIDGE_SOURCE.encode()).hexdigest()[:16]
+        cache = os.environ.get("AUTOTUNE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "autotune")
+        lib = os.path.join(cache, f"omp_bridge-{digest}.so")
+        try:
+            if not os.path.exists(lib):
+                os.makedirs(cache, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                    src, out = os.path.join(tmp, "bridge.c"), os.path.join(tmp, "bridge.so")
+                    with open(src, "w") as f:
+                        f.write(_OMP_BRIDGE_SOURCE)
+                    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-fopenmp", src, "-o", out],
+                                   check=True, capture_output=True, timeout=120)
+                    os.replace(out, lib)  # atomic: a concurrent process sees no half-written library
+            handle = ctypes.CDLL(lib)
+            _BRIDGE.append(tuple(ctypes.cast(getattr(handle, f"autotune_omp_parallel_{n}"), ctypes.c_void_p).value
+                                 for n in ("launch", "barrier")))
+        except (OSError, subprocess.SubprocessError) as err:
+            warnings.warn(f"autotune: TVM kernels keep TVM's thread pool beside PyTorch's (no OpenMP launcher: "
+                          f"{err}); set {PARALLEL_ENV}=tvm to silence this", RuntimeWarning, stacklevel=3)
+            _BRIDGE.append(None)
+        return _BRIDGE[0]
+
+
+def parallel_launcher(path: str) -> str | None:
+    """Which pool the loaded CPU library `path` runs its parallel loops on: "openmp" (the launcher above),
+    "tvm" (TVM's own), or None for a library without parallel loops."""
+    try:
+        slot = ctypes.c_void_p.in_dll(ctypes.CDLL(path), "__TVMBackendParallelLaunch").value
+    except (OSError, ValueError):
+        return None
+    return "openmp" if _BRIDGE and _BRIDGE[0] is not None and slot == _BRIDGE[0][0] else "tvm"
+
+
+def share_openmp_pool(path: str) -> bool:
+    """Point the loaded CPU library `path` at the OpenMP launcher (see above); whether it now uses it. A library
+    without parallel loops, a process without libgomp, or AUTOTUNE_PARALLEL=tvm: left as loaded."""
+    if os.environ.get(PARALLEL_ENV, "openmp").strip().lower() == "tvm" or not _openmp_loaded():
+        return False
+    try:
+        lib = ctypes.CDLL(path)  # the handle of the library tvm_ffi loaded (same path: not loaded twice)
+        slot = ctypes.c_void_p.in_dll(lib, "__TVMBackendParallelLaunch")
+    except (OSError, ValueError):  # not a CPU library, or no parallel loop in it
+        return False
+    bridge = _bridge()
+    if bridge is None:
+        return False
+    slot.value = bridge[0]
+    try:
+        ctypes.c_void_p.in_dll(lib, "__TVMBackendParallelBarrier").value = bridge[1]
+    except ValueError:  # no barrier in this kernel
+        pass
+    return True
 
 
 def call(func: Any, args: Sequence[Any], on_gpu: bool) -> None:

@@ -28,15 +28,16 @@ from typing import Callable
 
 WORKLOAD = dict(rows=200000, dim=64, batch=2048, pooling=1)
 LINEAR = (2048, 512, 256)  # batch, in, out: a layer of DLRM's bottom MLP (MKL/oneDNN on the OpenMP pool)
-OMP_LAUNCH = "THREAD_POOLS_BENCH_OMP_LAUNCH"  # the child points the kernels' parallel launch at OpenMP
+PARALLEL = "AUTOTUNE_PARALLEL"  # "tvm": kernels keep TVM's pool; default: their loops run on PyTorch's OpenMP pool
 VARIABLES = ("TVM_NUM_THREADS", "TVM_BIND_THREADS", "TVM_EXCLUDE_WORKER0", "TVM_THREAD_POOL_SPIN_COUNT",
-             "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "AUTOTUNE_THREAD_DEFAULTS", OMP_LAUNCH)
+             "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "AUTOTUNE_THREAD_DEFAULTS", PARALLEL)
 CONTENDERS = ("tuned", "F.embedding_bag", "tuned + F.embedding_bag", "Linear", "tuned + Linear")
 
 
 def settings() -> dict[str, dict[str, str]]:
-    """Name -> environment of the child. Every row but the last switches autotune's own defaults off."""
-    off = {"AUTOTUNE_THREAD_DEFAULTS": "0"}
+    """Name -> environment of the child. Every row but the last two keeps TVM's own pool and switches autotune's
+    thread defaults off; the last is autotune's default (kernels' loops on PyTorch's OpenMP pool)."""
+    off = {"AUTOTUNE_THREAD_DEFAULTS": "0", PARALLEL: "tvm"}
     return {
         "TVM defaults": off,  # spin 300000, workers bound to cores; threads = cores (autotune sets it)
         "spin=0": {**off, "TVM_THREAD_POOL_SPIN_COUNT": "0"},
@@ -46,55 +47,12 @@ def settings() -> dict[str, dict[str, str]]:
         "OMP passive": {**off, "OMP_WAIT_POLICY": "PASSIVE"},  # PyTorch's side; needs setting before import
         "GOMP_SPINCOUNT=1000": {**off, "GOMP_SPINCOUNT": "1000"},
         "spin=0 + OMP passive": {**off, "TVM_THREAD_POOL_SPIN_COUNT": "0", "OMP_WAIT_POLICY": "PASSIVE"},
-        "on PyTorch's OpenMP pool": {**off, OMP_LAUNCH: "1"},  # experiment: TVM's parallel regions run on libgomp
-        "autotune default": {},
+        "TVM pool (spin=0)": {PARALLEL: "tvm"},  # autotune before the OpenMP launcher
+        "OpenMP pool (default)": {},
     }
 
 
 # ---- the child: one setting, one process ------------------------------------------------------------------
-SHIM = r"""
-#include <omp.h>
-#include <stddef.h>
-typedef struct { void* sync_handle; int num_task; } Env;  /* TVMParallelGroupEnv */
-typedef int (*Lambda)(int task_id, Env* env, void* cdata);
-int omp_launch(Lambda f, void* cdata, int num_task) {
-  int err = 0;
-  #pragma omp parallel num_threads(num_task > 0 ? num_task : omp_get_max_threads()) reduction(|:err)
-  {
-    Env env = {NULL, omp_get_num_threads()};  /* the lambda splits its loop by env.num_task */
-    err |= f(omp_get_thread_num(), &env, cdata) != 0;
-  }
-  return err ? -1 : 0;
-}
-int omp_barrier(int task_id, Env* env) {
-  #pragma omp barrier
-  return 0;
-}
-"""
-
-
-def launch_on_openmp(files: list[str]) -> None:
-    """Point each kernel library's parallel-launch hook (the `__TVMBackendParallelLaunch` pointer TVM's runtime
-    fills at load) at an OpenMP launcher: the kernels then run on PyTorch's libgomp threads (already loaded by
-    `import torch`, so the shim's libgomp.so.1 is that one), one pool for both."""
-    import ctypes
-
-    work = tempfile.mkdtemp(prefix="omp-launch-")
-    src, lib = os.path.join(work, "shim.c"), os.path.join(work, "shim.so")
-    with open(src, "w") as f:
-        f.write(SHIM)
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-fopenmp", src, "-o", lib], check=True)
-    shim = ctypes.CDLL(lib)
-    for path in files:
-        kernel = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        for hook, fn in (("__TVMBackendParallelLaunch", shim.omp_launch),
-                         ("__TVMBackendParallelBarrier", shim.omp_barrier)):
-            try:
-                ctypes.c_void_p.in_dll(kernel, hook).value = ctypes.cast(fn, ctypes.c_void_p).value
-            except ValueError:  # the kernel has no such hook (e.g. no barrier)
-                pass
-
-
 def contenders(pkg_dir: str, validate: bool) -> dict[str, Callable[[], object]]:
     import torch
     import torch.nn.functional as F
@@ -107,8 +65,6 @@ def contenders(pkg_dir: str, validate: bool) -> dict[str, Callable[[], object]]:
     kernel = next((k for k in pkg.kernels if k.op == "embedding_bag" and k.workload == w), None)
     if kernel is None:
         raise SystemExit(f"{pkg_dir} has no embedding_bag kernel for {WORKLOAD} on this CPU")
-    if os.environ.get(OMP_LAUNCH) == "1":
-        launch_on_openmp([str(kernel.file)])
     weight, idx, off = kernel.template.inputs(w, 0)
     op = torch.ops.autotune.embedding_bag.default
     batch, n_in, n_out = LINEAR

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 VNNI_16x4 = "autotune_dot_16x4_u8s8s32_vnni"  # u8 x s8 -> s32, 16 lanes x 4 (AVX-512 VNNI vpdpbusd)
 AVX2_8x2 = "autotune_dot_8x2_s8s8s32_avx2"  # ours: s8 x s8 -> s32, 8 lanes x 2 (AVX2 vpmovsxbw + vpmaddwd)
+AVX2_8x4_U7 = "autotune_dot_8x4_u7s8s32_avx2"  # ours: u8 < 128 x s8 -> s32, 8 lanes x 4 (vpmaddubsw + vpmaddwd)
 
 DP4A_S8 = "autotune_dp4a_s8s8s32"  # s8 x s8 -> s32, 4 k (CUDA __dp4a)
 LDMATRIX_A_S8 = "autotune_mma_ldmatrix_s8_a"  # 16x32 A tile (m, k), shared -> warp registers
@@ -99,6 +100,33 @@ def _register_avx2() -> None:
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), a_bcast, b_i16, dtype="int32x8")
 
     TensorIntrin.register(AVX2_8x2, desc, impl, override=True)
+
+
+def _register_avx2_u7() -> None:
+    """u8 x s8 -> s32 in 8 lanes x 4 k: `vpmaddubsw` sums adjacent u8 x s8 products into int16 with saturation,
+    `vpmaddwd` by ones widens pairs of those to int32. Exact only while a pair cannot pass 32767: the unsigned
+    operand must stay below 128 (2 * 127 * 128 = 32512), which is why activations using 7 bits exist (FBGEMM's
+    `reduce_range` has the same reason). Twice the products per instruction of the sign-extending path."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    desc = _broadcast_dot_desc(8, 4, "uint8")
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((8, 4), "int8", offset_factor=1),
+             C: T.Buffer((8,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+            T.writes(C[0:8])
+            a_quad = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+            a_bcast = T.reinterpret(T.broadcast(a_quad, 8), dtype="int8x32")
+            pairs = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), a_bcast,
+                                            B.vload([0, 0], dtype="int8x32"), dtype="int16x16")
+            C[T.ramp(T.int32(0), 1, 8)] += T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), pairs, T.broadcast(T.int16(1), 16),
+                dtype="int32x8")
+
+    TensorIntrin.register(AVX2_8x4_U7, desc, impl, override=True)
 
 
 def _register_dp4a() -> None:
@@ -285,6 +313,7 @@ def _register_mma_fill(name: str, lane_values: int) -> None:
 _REGISTER: dict[str, Callable[[], None]] = {
     VNNI_16x4: _register_vnni,
     AVX2_8x2: _register_avx2,
+    AVX2_8x4_U7: _register_avx2_u7,
     DP4A_S8: _register_dp4a,
     LDMATRIX_A_S8: partial(_register_ldmatrix, LDMATRIX_A_S8, "A"),
     LDMATRIX_B_S8: partial(_register_ldmatrix, LDMATRIX_B_S8, "B"),

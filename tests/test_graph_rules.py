@@ -16,6 +16,7 @@ from torch import nn
 import autotune.torch  # noqa: F401 -- registers torch.ops.autotune.*
 import search_spaces
 from autotune.torch.graph import capture, example_values
+from search_spaces.qmatmul.graph import activation_bits
 from search_spaces.template import GraphMatch, Kept
 
 pytestmark = pytest.mark.filterwarnings("ignore::autotune.torch.ops.NoTunedKernelWarning")
@@ -336,15 +337,19 @@ def test_linear_relu_layers_become_quantize_rows_and_qmatmul():
     args = (torch.randn(16, 13),)
     gm = capture(model, args)
     matches, kept = run_rule(gm, args, "qmatmul")
+    bits = activation_bits(torch.device("cpu"))
+    qmax = {7: 63, 8: 127}[bits]
     assert [m.tasks for m in matches] == [
-        (("qmatmul", dict(m=16, k=64, n=48, mode="int8", bias=True, relu=True)),
-         ("quantize_rows", dict(rows=16, cols=64))),
-        (("qmatmul", dict(m=16, k=48, n=40, mode="int8", bias=True, relu=False)),
-         ("quantize_rows", dict(rows=16, cols=48)))]
+        (("qmatmul", dict(m=16, k=64, n=48, mode="int8", bias=True, relu=True, a_bits=bits)),
+         ("quantize_rows", dict(rows=16, cols=64, qmax=qmax))),
+        (("qmatmul", dict(m=16, k=48, n=40, mode="int8", bias=True, relu=False, a_bits=bits)),
+         ("quantize_rows", dict(rows=16, cols=48, qmax=qmax)))]
     assert "ReLU fused" in matches[0].what and "ReLU" not in matches[1].what
     assert sorted(k.why.split(":")[0] for k in kept) == ["in_features 13 < 32", "out_features 1 < 8"]
     calls = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.qmatmul.default]
-    assert [n.args[-1] for n in calls] == [True, False]  # the ReLU is fused into the first one
+    assert [n.args[-2:] for n in calls] == [(True, bits), (False, bits)]  # the ReLU is fused into the first one
+    quantizes = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.quantize_rows.default]
+    assert [n.args[1] for n in quantizes] == [qmax, qmax]
     assert sum(n.target is aten.relu.default for n in gm.graph.nodes) == 1  # the 13-feature layer's stays
     assert sum(n.target is torch.ops.autotune.quantize_rows.default for n in gm.graph.nodes) == 2
     got, want = gm(*args), model(*args)

@@ -87,3 +87,57 @@ def test_the_users_environment_wins_at_import() -> None:
     out = run_child(TVM_THREAD_POOL_SPIN_COUNT="12345")
     assert out["env"][SPIN] == "12345" and SPIN not in out["applied"]
     assert out["settings"][SPIN] == "12345"
+
+
+# ---- TVM's parallel loops on PyTorch's OpenMP pool (runtime.share_openmp_pool) --------------------------------
+POOL_CHILD = textwrap.dedent("""
+    import importlib.util, json, os, sys, warnings
+    import torch
+    from autotune import runtime
+    from autotune.task import make_task
+    path, shape = sys.argv[1], sys.argv[2]
+    runtime.load_runtime(os.path.join(importlib.util.find_spec("tvm").submodule_search_locations[0], "lib"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        func = runtime.load_function(path)
+    task = make_task("interaction", "cpu", shape=shape)
+    tensors = task.template.inputs(task.workload, 0)
+    out = task.bind(task.space.default(), func)(*tensors)
+    ok = torch.allclose(out, task.template.reference(task.workload, *tensors), rtol=1e-5, atol=1e-5)
+    print(json.dumps({"launcher": runtime.parallel_launcher(path), "ok": ok,
+                      "warnings": [str(w.message) for w in caught]}))
+""")
+POOL_SHAPE = "batch=64,tables=5,dim=16"
+
+
+def _parallel_library(tmp_path) -> str:
+    from autotune.build import compile_module
+    from autotune.task import make_task
+
+    task = make_task("interaction", "cpu", shape=POOL_SHAPE)
+    assert task.space.default().as_dict()["threading"] == "parallel"
+    path = str(tmp_path / "kernel.so")
+    compile_module(task, task.space.default()).export_library(path)
+    return path
+
+
+def test_kernels_run_their_parallel_loops_on_pytorchs_openmp_pool_unless_told_not_to(tmp_path) -> None:
+    import subprocess as sp
+
+    path = _parallel_library(tmp_path)
+
+    def child(**env: str) -> dict:
+        clean = {k: v for k, v in os.environ.items() if k not in threads.VARIABLES and k != "AUTOTUNE_PARALLEL"}
+        done = sp.run([sys.executable, "-c", POOL_CHILD, path, POOL_SHAPE], env={**clean, **env},
+                      capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    cache = str(tmp_path / "cache")
+    assert child(AUTOTUNE_CACHE=cache) == {"launcher": "openmp", "ok": True, "warnings": []}
+    assert os.listdir(cache)  # the launcher is compiled once per machine, then reused
+    assert child(AUTOTUNE_CACHE=cache, AUTOTUNE_PARALLEL="tvm") == {"launcher": "tvm", "ok": True, "warnings": []}
+    # no C compiler: the kernel keeps TVM's pool, with one warning saying so
+    out = child(AUTOTUNE_CACHE=str(tmp_path / "empty"), CC="/nonexistent/cc")
+    assert out["launcher"] == "tvm" and out["ok"]
+    assert len(out["warnings"]) == 1 and "keep TVM's thread pool" in out["warnings"][0]

@@ -35,6 +35,7 @@ KERNELS = [
     ("qmatmul", dict(m=8, k=32, n=16)),
     ("qmatmul", dict(m=32, k=32, n=16)),
     ("qmatmul", dict(m=8, k=32, n=16, relu=True)),
+    ("qmatmul", dict(m=8, k=32, n=16, a_bits=7)),  # 7-bit activations: AVX2's u8 kernels where the CPU has them
     ("quantize_rows", dict(rows=8, cols=32)),  # QuantLinear quantizes its input with it
 ]
 
@@ -144,7 +145,7 @@ def test_embedding_bag_options_run_their_kernels(pkg):
 @pytest.mark.parametrize("m, sizes", [(8, [8]), (5, [8]), (20, [32]), (32, [32]), (75, [32, 32, 32])])
 def test_qmatmul_runs_the_bucket_that_fits_padded_or_split(pkg, m, sizes):
     a, wq, a_s, w_s, bias = qmm_inputs(m, seed=m)
-    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False), m)
+    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), m)
     assert [c.kernel.size for c in plan] == sizes and plan[-1].stop == m
     with _errors_on_fallback():
         out = QMM(a, wq, a_s, w_s, bias)
@@ -155,7 +156,7 @@ def test_qmatmul_runs_the_bucket_that_fits_padded_or_split(pkg, m, sizes):
 
 
 def test_split_leaves_the_smallest_bucket_for_the_rest(pkg):
-    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False), 70)
+    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), 70)
     assert [(c.kernel.size, c.start, c.stop) for c in plan] == [(32, 0, 32), (32, 32, 64), (8, 64, 70)]
 
 
@@ -241,6 +242,20 @@ def test_tensors_on_two_devices_are_rejected():
     with pytest.raises(ValueError, match="all tensors must be on one device, got weight on cpu, indices on cpu, "
                                          "offsets on meta"):
         eb_op.check(weight, idx, off.to("meta"), None, "sum", False, None)
+
+
+def test_7bit_qmatmul_runs_its_own_kernel_and_refuses_activations_out_of_its_range(pkg):
+    a, wq, a_s, w_s, bias = qmm_inputs(8)
+    a7 = a.clamp(-64, 63)
+    ref = search_spaces.get("qmatmul").reference(search_spaces.get("qmatmul").Workload(m=8, k=32, n=16),
+                                                 a7, wq, a_s, w_s, bias)
+    with _errors_on_fallback():
+        torch.testing.assert_close(QMM(a7, wq, a_s, w_s, bias, False, 7), ref, rtol=1e-5, atol=1e-4)
+    assert calls(pkg, "qmatmul", a_bits=7) == 1
+    with pytest.raises(ValueError, match=r"a_bits=7 activations must lie in \[-64, 63\], got values in \[-128"):
+        QMM(a7.index_fill(1, torch.tensor([0]), -128), wq, a_s, w_s, bias, False, 7)
+    with pytest.raises(ValueError, match="a_bits must be 7 or 8"):
+        QMM(a7, wq, a_s, w_s, bias, False, 6)
 
 
 def test_other_ops_reject_bad_inputs():

@@ -17,6 +17,7 @@ import torch
 from .._graph import attr, has_op, insertion_point, node_order, register, where, workload_error
 from ..embedding_bag.graph import Bag, bags
 from ..template import GraphMatch, GraphRule, Kept
+from .torch_op import concat_tables
 from .workload import Workload, tolerance
 
 __all__ = ["RULES", "groups"]
@@ -71,7 +72,7 @@ def fuse_tables(gm: Any, group: list[Bag]) -> tuple[torch.Tensor, torch.Tensor, 
     fused = _already_fused(params)  # a model tune_model rewrote before: its tables are one buffer already
     if fused is None:
         with torch.no_grad():
-            fused = torch.cat([p.detach() for p in params]).contiguous()
+            fused = concat_tables([p.detach() for p in params])
     rows = torch.tensor([0] + [p.shape[0] for p in params], dtype=torch.int64)
     return fused, rows.cumsum(0).to(fused.device), params
 

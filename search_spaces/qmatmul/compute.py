@@ -11,11 +11,12 @@ from .workload import Workload
 PackedWeight = Callable[[int, int], tuple[Any, Callable[[Any, Any], Any]]]
 
 
-def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, vnni: bool = False) -> Any:
+def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, unsigned_offset: int = 0) -> Any:
     """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y).
 
-    `vnni`: the activations enter the reduction as unsigned A + 128 (`Au`), and the per-channel compensation
-    `comp` = 128 * sum_k W[n, k] (computed at packing time) is subtracted before the epilogue."""
+    `unsigned_offset` (u8 x s8 instructions): the activations enter the reduction as unsigned A + offset (`Au`),
+    and the per-channel compensation `comp` = offset * sum_k W[n, k] (computed at packing time) is subtracted
+    before the epilogue."""
     import tvm
     from tvm import te
 
@@ -27,10 +28,10 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     args = [A, Wp]
     k = te.reduce_axis((0, kp), name="k")
     if int8:
-        if vnni:
+        if unsigned_offset:
             comp = te.placeholder((np_,), "int32", name="comp")
             args.append(comp)
-            Au = te.compute((mp, kp), lambda i, j: (A[i, j].astype("int32") + 128).astype("uint8"), name="Au")
+            Au = te.compute((mp, kp), lambda i, j: (A[i, j].astype("int32") + unsigned_offset).astype("uint8"), name="Au")
             src = Au
         else:
             src = A
@@ -40,7 +41,7 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
         args += [a_scale, w_scale]
 
         def value(i: Any, j: Any) -> Any:
-            c = acc[i, j] - comp[j] if vnni else acc[i, j]
+            c = acc[i, j] - comp[j] if unsigned_offset else acc[i, j]
             return c.astype("float32") * a_scale[i] * w_scale[j]
     else:
         acc = te.compute((mp, np_), lambda i, j: te.sum(

@@ -2,8 +2,9 @@
 
 The weight is packed once into a tiled layout chosen by the config (`pack`), so the inner loop reads the
 weight contiguously and, with an int8 intrinsic, in exactly the shape the instruction consumes. The VNNI path
-multiplies unsigned activations (A + 128) by signed weights; the exact result is restored by subtracting
-128 * sum_k W[n, k], a per-channel term computed at packing time, as FBGEMM does.
+multiplies unsigned activations (A + 128) by signed weights, the AVX2 u8 path 7-bit activations (A + 64); the
+exact result is restored by subtracting offset * sum_k W[n, k], a per-channel term computed at packing time,
+as FBGEMM does.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from . import compute as _compute
 from .workload import Workload, padded_weight, round_up
 
 # ---- knobs ----------------------------------------------------------------------------------------------
-INTRINSIC = Choice("intrinsic", ("none", "avx2", "vnni"), doc=(
+INTRINSIC = Choice("intrinsic", ("none", "avx2", "avx2_u7", "vnni"), doc=(
     "The int8 inner product: LLVM's own vectorisation (widens to int32 and multiplies: slow), AVX2 "
-    "sign-extension + pmaddwd (exact, 8 lanes x 2), or AVX-512 VNNI vpdpbusd (16 lanes x 4). Only the "
-    "ones the target CPU has are offered."))
-LAYOUT = Choice("layout", ("n16k4", "n8k2", "n16k1", "n8k1"), doc=(
+    "sign-extension + pmaddwd (exact, 8 lanes x 2), AVX2 pmaddubsw + pmaddwd on A + 64 (8 lanes x 4, twice "
+    "the products per instruction; exact for 7-bit activations only, so offered for a_bits=7), or AVX-512 "
+    "VNNI vpdpbusd (16 lanes x 4). Only the ones the target CPU has are offered."))
+LAYOUT = Choice("layout", ("n16k4", "n8k2", "n16k1", "n8k1", "n8k4"), doc=(
     "Packed weight layout (N/nb, K/kb, nb, kb): nb output channels side by side for vector lanes, kb "
     "consecutive k per lane for multi-k dot instructions. Fixed by the intrinsic when one is used."))
 M_TILE = Choice("m_tile", (4, 1, 2, 6, 8), doc=(
@@ -38,8 +40,11 @@ N_BLOCK = Choice("n_block", (64, 32, 128, 256), doc=(
 UNROLL = Choice("unroll", (True, False), doc="Unroll the register tile so accumulators stay in registers.")
 THREADING = Choice("threading", ("parallel", "serial"), doc="Spread (m_block x n_block) tasks over cores.")
 
-_LAYOUT_SHAPE = {"n16k4": (16, 4), "n8k2": (8, 2), "n16k1": (16, 1), "n8k1": (8, 1)}
-_INTRIN_LAYOUT = {"vnni": "n16k4", "avx2": "n8k2"}
+_LAYOUT_SHAPE = {"n16k4": (16, 4), "n8k2": (8, 2), "n16k1": (16, 1), "n8k1": (8, 1), "n8k4": (8, 4)}
+_INTRIN_LAYOUT = {"vnni": "n16k4", "avx2": "n8k2", "avx2_u7": "n8k4"}
+# u8 x s8 instructions take A + offset: 128 maps int8 onto u8; 64 maps 7-bit activations below 128 (avx2_u7)
+_UNSIGNED_OFFSET = {"vnni": 128, "avx2_u7": 64}
+_INTRIN_NAME = {"vnni": intrinsics.VNNI_16x4, "avx2": intrinsics.AVX2_8x2, "avx2_u7": intrinsics.AVX2_8x4_U7}
 
 
 def space(w: Workload, target: Any) -> Space:
@@ -49,7 +54,7 @@ def space(w: Workload, target: Any) -> Space:
     intrins = ["none"]
     if w.mode == "int8":
         if intrinsics.cpu_has(target, "avx2"):
-            intrins.append("avx2")
+            intrins += ["avx2", "avx2_u7"] if w.a_bits == 7 else ["avx2"]
         if intrinsics.cpu_has(target, "avx512vnni", "avx512bw"):
             intrins.append("vnni")
 
@@ -93,8 +98,9 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
     np_, kp = wp.shape
     packed = wp.view(np_ // nb, nb, kp // kb, kb).permute(0, 2, 1, 3).contiguous()
-    if cfg[INTRINSIC] == "vnni":
-        return packed, (wp.to(torch.int32).sum(1) * 128).to(torch.int32)
+    offset = _UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0)
+    if offset:
+        return packed, (wp.to(torch.int32).sum(1) * offset).to(torch.int32)
     return (packed,)
 
 
@@ -102,7 +108,7 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 def compute(w: Workload, cfg: Config) -> Any:
     """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles."""
     return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_),
-                           vnni=cfg[INTRINSIC] == "vnni")
+                           unsigned_offset=_UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0))
 
 
 def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
@@ -132,7 +138,7 @@ def schedule(sch: Any, w: Workload, cfg: Config) -> None:
     jio, jii = sch.split(ji, [None, nb * nv])
     sch.reorder(iio, jio, iii, jii)
     sch.compute_at(c, jio, preserve_unit_loops=True)
-    if cfg[INTRINSIC] == "vnni":  # A + 128 as u8 once for all column blocks, in its own parallel loop
+    if cfg[INTRINSIC] in _UNSIGNED_OFFSET:  # A + offset as u8 once for all column blocks, in its own parallel loop
         au_i, au_j = sch.get_loops(sch.get_sblock("Au"))
         sch.parallel(au_i)
         sch.vectorize(sch.split(au_j, [None, 64])[1] if kp % 64 == 0 else au_j)
@@ -158,7 +164,7 @@ def schedule(sch: Any, w: Workload, cfg: Config) -> None:
     init = sch.decompose_reduction(c, first_k)
     sch.vectorize(sch.get_loops(init)[-1])
     if intrin != "none":
-        sch.tensorize(cji, intrinsics.ensure(intrinsics.VNNI_16x4 if intrin == "vnni" else intrinsics.AVX2_8x2))
+        sch.tensorize(cji, intrinsics.ensure(_INTRIN_NAME[intrin]))
     sch.vectorize(jii)
 
 

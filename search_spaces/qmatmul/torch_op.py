@@ -19,7 +19,7 @@ from .._torch_checks import fits, need, same_device_contiguous
 from ..quantize_rows.workload import quantize_rows  # eager symmetric int8 per row: weights once, and the op's
 #                                                     PyTorch implementation (torch.ops.autotune.quantize_rows)
 from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
-from .workload import Workload, inputs, qmatmul_reference
+from .workload import A_BITS, Workload, a_range, inputs, qmatmul_reference
 
 __all__ = ["BINDING", "QuantLinear", "check", "op_arguments", "qmatmul", "quantize_rows"]
 
@@ -27,23 +27,27 @@ OP = "qmatmul"
 
 
 def qmatmul(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
-            relu: bool = False, validate: bool = True) -> Tensor:
+            relu: bool = False, a_bits: int = 8, validate: bool = True) -> Tensor:
     """relu?((a @ weight.T) * a_scale[:, None] * w_scale + bias) with int8 a and weight (int32 accumulation),
-    or with float32 a and no a_scale (weight-only). The weight is packed once per kernel and weight tensor."""
+    or with float32 a and no a_scale (weight-only). The weight is packed once per kernel and weight tensor.
+
+    `a_bits=7` promises int8 activations in [-64, 63] (`quantize_rows(x, 63)` makes them): it selects kernels
+    that rely on it (AVX2's u8 x s8 instruction); with `validate` the promise is checked."""
     return qmatmul_reference(a, weight, a_scale, w_scale, bias, relu)
 
 
 def check(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
-          relu: bool = False, validate: bool = True) -> None:
+          relu: bool = False, a_bits: int = 8, validate: bool = True) -> None:
     """What the op's semantics reject, as clear errors (dtypes, shapes like nn.Linear's, scales, one device).
-    Metadata only, in one expression; `_explain` says what is wrong when it fails."""
+    Metadata only, in one expression; `_explain` says what is wrong when it fails. The one pass over data:
+    with `a_bits=7`, the activations' range (a kernel relying on it would saturate silently otherwise)."""
     sa, sw = a.shape, weight.shape
     if (len(sa) == 2 and len(sw) == 2 and sw[1] == sa[1] and weight.dtype is _I8
             and (_vector(a_scale, sa[0]) if a.dtype is _I8 else a.dtype is _F32 and a_scale is None)
             and _vector(w_scale, sw[0]) and (bias is None or _vector(bias, sw[0]))
-            and fits(a, weight, a_scale, w_scale, bias)):
+            and fits(a, weight, a_scale, w_scale, bias) and a_bits == 8):
         return
-    _explain(a, weight, a_scale, w_scale, bias)
+    _explain(a, weight, a_scale, w_scale, bias, a_bits)
 
 
 _I8, _F32 = torch.int8, torch.float32
@@ -54,7 +58,8 @@ def _vector(t: Optional[Tensor], size: int) -> bool:
     return t is not None and t.dtype is _F32 and t.dim() == 1 and t.shape[0] == size
 
 
-def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor]) -> None:
+def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor],
+             a_bits: int) -> None:
     need(a.dim() == 2, OP, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
     need(a.dtype in (torch.int8, torch.float32), OP,
          f"a must be int8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
@@ -72,10 +77,19 @@ def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tens
             need(t.dtype == torch.float32, OP, f"{name} must be float32, got {t.dtype}", InvalidDtype)
             need(tuple(t.shape) == (size,), OP, f"{name} must be ({size},), got {tuple(t.shape)}")
     same_device_contiguous(OP, a=a, weight=weight, a_scale=a_scale, w_scale=w_scale, bias=bias)
+    need(a_bits in A_BITS and not isinstance(a_bits, bool), OP, f"a_bits must be 7 or 8, got {a_bits!r}")
+    if a_bits != 8:
+        need(a.dtype == torch.int8, OP, "a_bits applies to int8 activations only")
+        lo, hi = a_range(a_bits)
+        if a.numel():
+            amin, amax = (int(v) for v in torch.aminmax(a))
+            need(lo <= amin and amax <= hi, OP,
+                 f"a_bits={a_bits} activations must lie in [{lo}, {hi}], got values in [{amin}, {amax}] "
+                 f"(quantize them with quantize_rows(x, {hi}))")
 
 
 def fake(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
-         relu: bool = False, validate: bool = True) -> Tensor:
+         relu: bool = False, a_bits: int = 8, validate: bool = True) -> Tensor:
     return a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
 
 
@@ -84,9 +98,9 @@ def _mode(a: Tensor) -> str:
 
 
 def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
-          relu: bool = False, validate: bool = True) -> Route:
+          relu: bool = False, a_bits: int = 8, validate: bool = True) -> Route:
     n, k = weight.shape
-    return Route((k, n, _mode(a), bias is not None, relu), a.shape[0])
+    return Route((k, n, _mode(a), bias is not None, relu, a_bits), a.shape[0])
 
 
 def _run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Tensor:
@@ -105,7 +119,7 @@ def _run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor],
 
 
 def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
-        bias: Optional[Tensor] = None, relu: bool = False, validate: bool = True) -> Tensor:
+        bias: Optional[Tensor] = None, relu: bool = False, a_bits: int = 8, validate: bool = True) -> Tensor:
     rest = [w_scale] + ([] if bias is None else [bias])
     if len(chunks) == 1:
         return _run_chunk(chunks[0], a, weight, a_scale, rest).contiguous()
@@ -116,12 +130,12 @@ def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tens
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.k, w.n, w.mode, w.bias, w.relu)
+    return (w.k, w.n, w.mode, w.bias, w.relu, w.a_bits)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    k, n, mode, bias, relu = signature
-    return f"k={k} n={n} mode={mode} bias={bias} relu={relu}"
+    k, n, mode, bias, relu, a_bits = signature
+    return f"k={k} n={n} mode={mode} bias={bias} relu={relu} a_bits={a_bits}"
 
 
 def op_arguments(w: Workload, tensors: Sequence[Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -130,7 +144,7 @@ def op_arguments(w: Workload, tensors: Sequence[Tensor]) -> tuple[tuple[Any, ...
         a, weight, a_scale, w_scale, *rest = tensors
     else:
         (a, weight, w_scale, *rest), a_scale = tensors, None
-    return (a, weight, a_scale, w_scale, rest[0] if w.bias else None), {"relu": w.relu}
+    return (a, weight, a_scale, w_scale, rest[0] if w.bias else None), {"relu": w.relu, "a_bits": w.a_bits}
 
 
 def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
@@ -151,9 +165,10 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
 
     sizes = dict.fromkeys([w.m, 1, max(1, w.m - 1), w.m + 1, 2 * w.m + 3])
     out = [call(f"m={m}" + (" (tuned)" if m == w.m else ""), m, seed + i) for i, m in enumerate(sizes)]
+    lo, hi = a_range(w.a_bits)
     out += [call("zero activations", w.m, seed, (0, 1)), call("zero weights", w.m, seed, (1, 0)),
-            call("activations -128, weights -128", w.m, seed, (-128, -128)),
-            call("activations 127, weights -128", w.m, seed, (127, -128))]
+            call(f"activations {lo}, weights -128", w.m, seed, (lo, -128)),
+            call(f"activations {hi}, weights -128", w.m, seed, (hi, -128))]
     rng = random.Random(seed)
     for i in range(count):
         m = rng.randint(1, 3 * w.m + 8)
@@ -165,27 +180,30 @@ class QuantLinear(nn.Module):
     """An int8 `nn.Linear` for inference on tuned qmatmul kernels, optionally with the following ReLU fused.
 
     Weights are quantized per output channel once (`from_float`); in int8 mode activations are quantized per row
-    at run time (symmetric, max-abs), in weight-only mode they stay float32. Its tensors are buffers: it has no
-    gradients. Inputs may have any leading dimensions, as nn.Linear's.
+    at run time (symmetric, max-abs; to `a_bits` bits), in weight-only mode they stay float32. Its tensors are
+    buffers: it has no gradients. Inputs may have any leading dimensions, as nn.Linear's.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, relu: bool = False,
-                 mode: str = "int8", device: Any = None, validate: bool = True):
+                 mode: str = "int8", device: Any = None, validate: bool = True, a_bits: int = 8):
         super().__init__()
         if mode not in ("int8", "weight_only"):
             raise ValueError(f"QuantLinear: mode must be int8 or weight_only, got {mode!r}")
+        if a_bits not in A_BITS or (a_bits != 8 and mode != "int8"):
+            raise ValueError(f"QuantLinear: a_bits must be 8, or 7 in int8 mode; got {a_bits!r} ({mode})")
         self.in_features, self.out_features = in_features, out_features
-        self.relu, self.mode, self.validate = relu, mode, validate
+        self.relu, self.mode, self.validate, self.a_bits = relu, mode, validate, a_bits
+        self.qmax = a_range(a_bits)[1]
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("w_scale", torch.ones(out_features, device=device))
         self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
 
     @classmethod
     def from_float(cls, linear: nn.Linear, relu: bool = False, mode: str = "int8",
-                   validate: bool = True) -> "QuantLinear":
+                   validate: bool = True, a_bits: int = 8) -> "QuantLinear":
         """Quantize `linear`'s weight per output channel (symmetric, max-abs); the bias stays float32."""
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, relu=relu, mode=mode,
-                  device=linear.weight.device, validate=validate)
+                  device=linear.weight.device, validate=validate, a_bits=a_bits)
         with torch.no_grad():
             q, scale = quantize_rows(linear.weight.detach().float())
             new.weight.copy_(q)
@@ -198,15 +216,16 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).float().contiguous()
         if self.mode == "int8":
-            q, scale = torch.ops.autotune.quantize_rows(a, self.validate)  # a tuned kernel where one is loaded
-            y = torch.ops.autotune.qmatmul(q, self.weight, scale, self.w_scale, self.bias, self.relu, self.validate)
+            q, scale = torch.ops.autotune.quantize_rows(a, self.qmax, self.validate)  # tuned kernels where loaded
+            y = torch.ops.autotune.qmatmul(q, self.weight, scale, self.w_scale, self.bias, self.relu, self.a_bits,
+                                           self.validate)
         else:
-            y = torch.ops.autotune.qmatmul(a, self.weight, None, self.w_scale, self.bias, self.relu, self.validate)
+            y = torch.ops.autotune.qmatmul(a, self.weight, None, self.w_scale, self.bias, self.relu, 8, self.validate)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"relu={self.relu}, mode={self.mode}")
+                f"relu={self.relu}, mode={self.mode}" + (f", a_bits={self.a_bits}" if self.a_bits != 8 else ""))
 
 
 def _linear_to_quant(module: nn.Module, next_module: Any, has_kernel: Any, validate: bool) -> Any:
@@ -216,8 +235,9 @@ def _linear_to_quant(module: nn.Module, next_module: Any, has_kernel: Any, valid
         return None
     fields = (module.in_features, module.out_features, "int8", module.bias is not None)
     for relu in ((True, False) if isinstance(next_module, nn.ReLU) else (False,)):
-        if has_kernel(lambda w: (w.k, w.n, w.mode, w.bias, w.relu) == (*fields, relu)):
-            return QuantLinear.from_float(module, relu=relu, validate=validate), relu
+        for a_bits in A_BITS:  # full-range activations where a kernel takes them
+            if has_kernel(lambda w: (w.k, w.n, w.mode, w.bias, w.relu, w.a_bits) == (*fields, relu, a_bits)):
+                return QuantLinear.from_float(module, relu=relu, validate=validate, a_bits=a_bits), relu
     return f"no int8 qmatmul kernel for k={fields[0]} n={fields[1]} bias={fields[3]}"
 
 

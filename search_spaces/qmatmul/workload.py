@@ -4,6 +4,9 @@ mode=int8: int8 activations x int8 weights -> exact int32 accumulation, then a f
     Y = relu?(acc * a_scale[m] * w_scale[n] + bias[n])   (per-row activation scale, per-channel weight scale)
 mode=weight_only: fp32 activations x int8 weights with per-channel scales:
     Y = relu?((A @ W.T) * w_scale[n] + bias[n])
+a_bits=7 (int8 mode): the same arithmetic on activations that use 7 bits, A in [-64, 63]. Callers that quantize
+to that range (`quantize_rows` with qmax=63, as FBGEMM's `reduce_range`) let a CPU without VNNI use `vpmaddubsw`
+(u8 x s8 pairs summed in int16: exact only while A + 64 stays below 128), twice the products per instruction.
 
 Nothing here depends on a schedule: the device modules (cpu.py, cuda.py) say how far M, K and N are padded and
 how the weight is laid out; this module pads to what they say. No tvm import: packages run without TVM.
@@ -26,6 +29,7 @@ class Workload(_Workload):
     mode: str = "int8"
     bias: bool = True
     relu: bool = False
+    a_bits: int = 8  # bits the int8 activations use: 8 (any int8) or 7 (A in [-64, 63])
 
     def __post_init__(self) -> None:
         for name in ("m", "k", "n"):
@@ -33,6 +37,19 @@ class Workload(_Workload):
                 raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.mode not in ("int8", "weight_only"):
             raise WorkloadError(f"mode must be int8 or weight_only, got {self.mode!r}")
+        if self.a_bits not in A_BITS or isinstance(self.a_bits, bool):
+            raise WorkloadError(f"a_bits must be 7 or 8, got {self.a_bits!r}")
+        if self.a_bits != 8 and self.mode != "int8":
+            raise WorkloadError("a_bits applies to int8 activations only (mode=int8)")
+
+
+A_BITS = (8, 7)
+
+
+def a_range(a_bits: int) -> tuple[int, int]:
+    """The int8 values activations of `a_bits` bits take: (-128, 127) or (-64, 63)."""
+    half = 1 << (a_bits - 1)
+    return -half, half - 1
 
 
 def round_up(x: int, m: int) -> int:
@@ -54,7 +71,8 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
     w_scale = torch.rand(w.n, generator=g) * 0.01 + 1e-3
     bias = [torch.randn(w.n, generator=g)] if w.bias else []
     if w.mode == "int8":
-        a = torch.randint(-128, 128, (w.m, w.k), generator=g, dtype=torch.int8)
+        lo, hi = a_range(w.a_bits)
+        a = torch.randint(lo, hi + 1, (w.m, w.k), generator=g, dtype=torch.int8)
         a_scale = torch.rand(w.m, generator=g) * 0.05 + 1e-3
         return (a, wt, a_scale, w_scale, *bias)
     a = torch.randn(w.m, w.k, generator=g)

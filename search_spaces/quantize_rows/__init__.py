@@ -1,10 +1,11 @@
-"""Row-wise symmetric int8 quantization of activations: (q = round(x / scale), scale = max|x_row| / 127).
+"""Row-wise symmetric int8 quantization of activations: (q = round(x / scale), scale = max|x_row| / qmax).
 
 The template of `search_spaces.Template`: workload.py holds the semantics (exactly PyTorch's, bit for bit: see
 there), inputs, reference and checks; cpu.py the two-pass vector kernel (max |x|, then divide, round half to
 even, clamp, narrow) and its knobs; cuda.py a block of threads per row (or a warp per row, several rows a
 block) with a cross-thread max reduction. An int8 MLP layer (qmatmul's QuantLinear) quantizes its input here
-instead of in six eager PyTorch ops.
+instead of in six eager PyTorch ops. The range is the workload's `qmax` (127; 63 gives 7-bit activations, for
+int8 kernels whose AVX2 `vpmaddubsw` would saturate on full-range ones).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", 
            "torch_binding", "traffic"]
 
 NAME = "quantize_rows"
-DOC = "row-wise symmetric int8 quantization: q = round(x / scale) in [-127, 127], scale = max|x_row| / 127"
+DOC = ("row-wise symmetric int8 quantization: q = round(x / scale) in [-qmax, qmax], scale = max|x_row| / qmax "
+       "(qmax=127 by default, 63 for 7-bit activations)")
 EXAMPLE_SHAPE = "rows=2048,cols=512"
 TEST_SHAPE = "rows=9,cols=37"  # cols not a multiple of any vector width: the scalar tail is exercised
 WEIGHTS: tuple[int, ...] = ()  # no model weights: the input is an activation

@@ -16,7 +16,7 @@ import functools
 from typing import Any
 
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
-from .workload import EPS, QMAX, Workload
+from .workload import EPS, Workload
 
 # ---- knobs --------------------------------------------------------------------------------------------
 THREADING = Choice("threading", ("parallel", "serial"), doc=(
@@ -122,18 +122,18 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
                         acc[l] = T.max(acc[l], acc[4 + l])
                 for l in T.vectorized(2):
                     acc[l] = T.max(acc[l], acc[2 + l])
-                s[0] = T.max(T.max(acc[0], acc[1]), T.float32(EPS)) / T.float32(QMAX)
+                s[0] = T.max(T.max(acc[0], acc[1]), T.float32(EPS)) / T.float32(w.qmax)
                 scale[vr] = s[0]
                 if NV > 0:
                     for v0 in range(NQ):
                         for v1 in T.unroll(QU):
                             for l in T.vectorized(VL):
                                 q[vr, (v0 * QU + v1) * VL + l] = T.Cast("int8", T.max(T.min(T.round(
-                                    x[vr, (v0 * QU + v1) * VL + l] / s[0]), T.float32(QMAX)), T.float32(-QMAX)))
+                                    x[vr, (v0 * QU + v1) * VL + l] / s[0]), T.float32(w.qmax)), T.float32(-w.qmax)))
                 if TAIL > 0:
                     for t in T.unroll(TAIL):
                         q[vr, NV * VL + t] = T.Cast("int8", T.max(T.min(T.round(
-                            x[vr, NV * VL + t] / s[0]), T.float32(QMAX)), T.float32(-QMAX)))
+                            x[vr, NV * VL + t] / s[0]), T.float32(w.qmax)), T.float32(-w.qmax)))
 
     return tvm.IRModule({"main": main})
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
-from .workload import EPS, QMAX, Workload
+from .workload import EPS, Workload
 
 THREADS = Choice("threads", (128, 32, 64, 256, 512, 1024), doc=(
     "Threads per row: more threads put more loads of one row in flight and shorten each thread's serial "
@@ -75,7 +75,7 @@ def compute(w: Workload, rows_per_block: int) -> Any:
                     amax[vg, vy] = T.max(amax[vg, vy], T.fabs(x[T.min(vg * RPB + vy, B - 1), vk]))
             with T.sblock("div"):
                 vg, vy = T.axis.remap("SS", [g, y])
-                div[vg, vy] = T.max(amax[vg, vy], T.float32(EPS)) / T.float32(QMAX)
+                div[vg, vy] = T.max(amax[vg, vy], T.float32(EPS)) / T.float32(w.qmax)
             with T.sblock("scale"):
                 vg, vy = T.axis.remap("SS", [g, y])
                 T.where(g * RPB + y < B)
@@ -85,7 +85,7 @@ def compute(w: Workload, rows_per_block: int) -> Any:
                     vg, vy, vc = T.axis.remap("SSS", [g, y, c])
                     T.where(g * RPB + y < B)
                     q[vg * RPB + vy, vc] = T.Cast("int8", T.max(T.min(T.nearbyint(
-                        x[vg * RPB + vy, vc] / div[vg, vy]), T.float32(QMAX)), T.float32(-QMAX)))
+                        x[vg * RPB + vy, vc] / div[vg, vy]), T.float32(w.qmax)), T.float32(-w.qmax)))
 
     return tvm.IRModule({"main": main})
 

@@ -1,7 +1,8 @@
 """`torch.ops.autotune.quantize_rows`: row-wise int8 quantization of activations as a PyTorch op.
 
-Kernels are compiled for the row width (cols) and take any number of rows. The op returns (q, scale) and has
-no gradient: it serves int8 inference (qmatmul's QuantLinear calls it in front of every int8 layer).
+Kernels are compiled for the row width (cols) and the range (qmax) and take any number of rows. The op returns
+(q, scale) and has no gradient: it serves int8 inference (qmatmul's QuantLinear calls it in front of every int8
+layer, with qmax=63 where its kernels need 7-bit activations).
 """
 
 from __future__ import annotations
@@ -22,42 +23,50 @@ __all__ = ["BINDING", "check", "quantize_rows"]
 OP = "quantize_rows"
 
 
-def quantize_rows(x: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 per row of a (rows, cols) float32 x: (q = round(x / scale) in [-127, 127] (half to even),
-    scale = max(max |x_row|, 1e-12) / 127, float32 (rows,))."""
-    return _quantize_rows(x)
+def quantize_rows(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per row of a (rows, cols) float32 x: (q = round(x / scale) in [-qmax, qmax] (half to
+    even), scale = max(max |x_row|, 1e-12) / qmax, float32 (rows,)). qmax=63: 7-bit activations."""
+    return _quantize_rows(x, qmax)
 
 
-def check(x: Tensor, validate: bool = True) -> None:
-    """Metadata only (no pass over the data): a 2-D float32 contiguous tensor."""
+def check(x: Tensor, qmax: int = QMAX, validate: bool = True) -> None:
+    """Metadata only (no pass over the data): a 2-D float32 contiguous tensor and a range int8 holds. One
+    expression on the fast path; `_explain` says what is wrong when it fails."""
+    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and 1 <= qmax <= QMAX:
+        return
+    _explain(x, qmax)
+
+
+def _explain(x: Tensor, qmax: int) -> None:
     need(x.dim() == 2, OP, f"x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
     need(x.dtype == torch.float32, OP, f"x must be float32, got {x.dtype}", InvalidDtype)
     need(x.is_contiguous(), OP, "x must be contiguous (call .contiguous() on it)")
+    need(1 <= qmax <= QMAX, OP, f"qmax must be in [1, {QMAX}] (q is int8, symmetric), got {qmax}")
 
 
-def fake(x: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
+def fake(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-def route(x: Tensor, validate: bool = True) -> Route | str:
+def route(x: Tensor, qmax: int = QMAX, validate: bool = True) -> Route | str:
     if x.dim() != 2:  # validate=False skips check: route must not index a shape that is not there
         return f"x must be 2-D, got shape {tuple(x.shape)}"
     if x.dtype != torch.float32 or not x.is_contiguous():
         return f"kernels take contiguous float32, got {x.dtype}" + ("" if x.is_contiguous() else " (strided)")
-    return Route((x.shape[1],), x.shape[0])
+    return Route((x.shape[1], qmax), x.shape[0])
 
 
-def run(chunks: Sequence[Any], x: Tensor, validate: bool = True) -> tuple[Tensor, Tensor]:
-    return chunks[0].kernel(x)
+def run(chunks: Sequence[Any], x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
+    return chunks[0].kernel(x)  # the kernel was compiled for this qmax: route matched it
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.cols,)
+    return (w.cols, w.qmax)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    (cols,) = signature
-    return f"cols={cols}"
+    cols, qmax = signature
+    return f"cols={cols} qmax={qmax}"
 
 
 def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
@@ -67,18 +76,22 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
     def x_of(rows: int, s: int) -> Tensor:
         return inputs(dataclasses.replace(w, rows=rows), s)[0]
 
+    def call(name: str, x: Tensor) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        return name, (x,), {"qmax": w.qmax}
+
     rng = random.Random(seed)
-    out = [(f"rows={r}" + (" (tuned)" if r == w.rows else ""), (x_of(r, seed + i),), {})
+    out = [call(f"rows={r}" + (" (tuned)" if r == w.rows else ""), x_of(r, seed + i))
            for i, r in enumerate(dict.fromkeys([w.rows, 1, w.rows + 1]))]
     zeros = x_of(w.rows, seed)
     zeros[0] = 0.0
-    out.append(("a zero row", (zeros,), {}))
-    out.append(("magnitudes 1e30 and 1e-30", (_magnitudes(x_of(w.rows, seed + 3)),), {}))
-    out.append(("quotients on .5 boundaries", (half_boundaries(w.rows, w.cols, seed),), {}))
-    out.append(("quotients on .5 boundaries, random scales", (half_boundaries(w.rows, w.cols, seed, True),), {}))
+    out.append(call("a zero row", zeros))
+    out.append(call("magnitudes 1e30 and 1e-30", _magnitudes(x_of(w.rows, seed + 3))))
+    out.append(call("quotients on .5 boundaries", half_boundaries(w.rows, w.cols, seed, qmax=w.qmax)))
+    out.append(call("quotients on .5 boundaries, random scales",
+                    half_boundaries(w.rows, w.cols, seed, True, w.qmax)))
     for i in range(count):
         rows = rng.randint(1, 2 * w.rows + 8)
-        out.append((f"random rows={rows} (seed {seed + 10 + i})", (x_of(rows, seed + 10 + i),), {}))
+        out.append(call(f"random rows={rows} (seed {seed + 10 + i})", x_of(rows, seed + 10 + i)))
     return out
 
 
@@ -89,17 +102,18 @@ def _magnitudes(x: Tensor) -> Tensor:
     return (x * factor[:, None]).contiguous()
 
 
-def half_boundaries(rows: int, cols: int, seed: int, random_scales: bool = False) -> Tensor:
-    """Rows whose quotients x / scale lie on k + 0.5 (for scale 1: exactly; otherwise as close as float32
-    allows, where dividing and multiplying by the reciprocal round differently), with the row max at column 0.
+def half_boundaries(rows: int, cols: int, seed: int, random_scales: bool = False, qmax: int = QMAX) -> Tensor:
+    """Rows whose quotients x / scale lie on k + 0.5 in (-qmax, qmax) (for scale 1: exactly; otherwise as close
+    as float32 allows, where dividing and multiplying by the reciprocal round differently), with the row max
+    (qmax * s) at column 0.
 
-    With `random_scales` the row max is 127 * s for a random s, so scale = s up to rounding."""
+    With `random_scales` s is random, so scale = s up to rounding; otherwise s = 1."""
     gen = torch.Generator().manual_seed(seed)
     s = (torch.pow(10.0, torch.empty(rows, 1).uniform_(-4, 4, generator=gen)) if random_scales
          else torch.ones(rows, 1))
-    k = torch.randint(-QMAX, QMAX, (rows, cols), generator=gen).float() + 0.5
+    k = torch.randint(-qmax, qmax, (rows, cols), generator=gen).float() + 0.5
     x = k * s
-    x[:, 0] = (QMAX * s)[:, 0]
+    x[:, 0] = (qmax * s)[:, 0]
     return x.contiguous()
 
 

@@ -1,9 +1,11 @@
 """Row-wise symmetric int8 quantization: workload, semantics, inputs, checks, kernel arguments. No TVM import.
 
-Per row r of a float32 (rows, cols) matrix x:
-    scale[r] = max(max_c |x[r, c]|, 1e-12) / 127                    (float32, IEEE division)
-    q[r, c]  = clamp(round_half_even(x[r, c] / scale[r]), -127, 127)  (int8; a division, not x * (1/scale))
-the activation quantization of an int8 MLP layer (the `a`, `a_scale` of qmatmul). Every step is exact or one
+Per row r of a float32 (rows, cols) matrix x, with qmax the workload's range (127 by default):
+    scale[r] = max(max_c |x[r, c]|, 1e-12) / qmax                       (float32, IEEE division)
+    q[r, c]  = clamp(round_half_even(x[r, c] / scale[r]), -qmax, qmax)  (int8; a division, not x * (1/scale))
+the activation quantization of an int8 MLP layer (the `a`, `a_scale` of qmatmul). qmax=63 gives 7-bit
+activations, for int8 kernels built on AVX2's `vpmaddubsw` (u8 x s8 pairs summed in saturating int16), which
+full-range activations overflow (FBGEMM's `reduce_range` exists for the same reason). Every step is exact or one
 correctly rounded IEEE operation, so a kernel that divides (and rounds half to even, as torch.round does)
 reproduces PyTorch bit for bit: the tolerance is zero. Multiplying by the reciprocal instead differs in the last
 bit of x / scale, which moves q by one where the quotient sits at a .5 boundary. Inputs are finite: NaN and
@@ -18,34 +20,38 @@ from typing import Any, Callable, Sequence
 from ..space import Config
 from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
 
-QMAX = 127  # symmetric range [-127, 127]: -128 is never produced, so negation stays in range
+QMAX = 127  # the default symmetric range [-127, 127]: -128 is never produced, so negation stays in range
 EPS = 1e-12  # smallest row max: an all-zero row gets a tiny positive scale (and q = 0), not a division by 0
 
 
 @dataclass(frozen=True)
 class Workload(_Workload):
-    """One call: `rows` activation rows (the batch: any number at run time, tuned for this one) of `cols`."""
+    """One call: `rows` activation rows (the batch: any number at run time, tuned for this one) of `cols`,
+    quantized to [-qmax, qmax] (compiled into the kernel: 63 for 7-bit activations)."""
 
     rows: int
     cols: int
+    qmax: int = QMAX
 
     def __post_init__(self) -> None:
-        for name in ("rows", "cols"):
+        for name in ("rows", "cols", "qmax"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise WorkloadError(f"{name} must be an integer, got {value!r}")
-            if value < 1:
+            if value < 1 and name != "qmax":
                 raise WorkloadError(f"{name} must be >= 1, got {value}")
+        if not 1 <= self.qmax <= QMAX:
+            raise WorkloadError(f"qmax must be in [1, {QMAX}] (q is int8, symmetric), got {self.qmax}")
 
 
-def quantize_rows(x: Any) -> tuple[Any, Any]:
-    """The semantics on a tensor (any rows, device): (q int8 in [-127, 127], scale float32 per row).
+def quantize_rows(x: Any, qmax: int = QMAX) -> tuple[Any, Any]:
+    """The semantics on a tensor (any rows, device): (q int8 in [-qmax, qmax], scale float32 per row).
 
     The torch op's PyTorch implementation and the reference kernels are checked against."""
     import torch
 
-    scale = x.abs().amax(dim=1).clamp_min(EPS) / float(QMAX)
-    return torch.round(x / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8), scale
+    scale = x.abs().amax(dim=1).clamp_min(EPS) / float(qmax)
+    return torch.round(x / scale[:, None]).clamp_(-qmax, qmax).to(torch.int8), scale
 
 
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
@@ -59,7 +65,7 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
 
 
 def reference(w: Workload, x: Any) -> tuple[Any, Any]:
-    return quantize_rows(x)
+    return quantize_rows(x, w.qmax)
 
 
 def baselines(w: Workload, x: Any) -> dict[str, Callable[[], Any]]:
@@ -68,11 +74,11 @@ def baselines(w: Workload, x: Any) -> dict[str, Callable[[], Any]]:
     import torch
 
     def in_place() -> tuple[Any, Any]:
-        scale = torch.amax(x.abs(), dim=1).clamp_min_(EPS).div_(float(QMAX))
+        scale = torch.amax(x.abs(), dim=1).clamp_min_(EPS).div_(float(w.qmax))
         t = torch.div(x, scale[:, None])
-        return t.round_().clamp_(-QMAX, QMAX).to(torch.int8), scale
+        return t.round_().clamp_(-w.qmax, w.qmax).to(torch.int8), scale
 
-    return {"torch eager": lambda: quantize_rows(x), "torch eager (in place)": in_place}
+    return {"torch eager": lambda: quantize_rows(x, w.qmax), "torch eager (in place)": in_place}
 
 
 def check_inputs(w: Workload, x: Any) -> None:
@@ -83,7 +89,7 @@ def check_inputs(w: Workload, x: Any) -> None:
 
     if not isinstance(x, torch.Tensor):
         raise InvalidDtype(f"quantize_rows: x must be a torch.Tensor, got {type(x).__name__}")
-    check(x)
+    check(x, w.qmax)
     if x.shape[1] != w.cols:
         raise InvalidInput(f"quantize_rows: x must have {w.cols} columns for this kernel, got {tuple(x.shape)}")
 

@@ -1,6 +1,7 @@
 """The table-batched embedding-bag template against PyTorch (one embedding_bag per table, then cat)."""
 
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -372,3 +373,15 @@ def test_a_kernel_without_validation_raises_what_its_gather_met(tmp_path):
         k(weight, toff, idx, torch.tensor([0, 3, 1, 4, 5]))
     with pytest.raises(InvalidInput, match="table_offsets"):
         k(weight, torch.tensor([0, 9, 8]), idx, off)
+
+
+def test_concat_tables_is_a_cat_into_one_buffer_aligned_for_huge_pages():
+    from search_spaces.batched_embedding_bag.torch_op import HUGE_PAGE, concat_tables
+
+    tables = [torch.randn(rows, 16) for rows in (40000, 3, 100000)]  # 9 MB: above the huge-page threshold
+    fused = concat_tables(tables)
+    assert torch.equal(fused, torch.cat(tables)) and fused.is_contiguous() and fused.shape == (140003, 16)
+    if sys.platform.startswith("linux"):
+        assert fused.data_ptr() % HUGE_PAGE == 0  # its pages can be 2 MB ones where the kernel allows them
+    small = concat_tables([torch.ones(3, 4), torch.zeros(2, 4)])  # below it: a plain cat
+    assert torch.equal(small, torch.cat([torch.ones(3, 4), torch.zeros(2, 4)]))

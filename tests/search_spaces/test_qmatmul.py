@@ -66,6 +66,31 @@ def test_int32_accumulation_is_exact_for_every_available_intrinsic(intrinsic):
         assert torch.equal(out.to(torch.int64), exact.to(torch.int64)), str(cfg)
 
 
+def test_7bit_activations_get_the_u8_avx2_path_and_it_is_exact_at_the_range_ends():
+    full = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0")
+    task = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0,a_bits=7")
+    assert "avx2_u7" not in {c.as_dict()["intrinsic"] for c in full.space}  # it would saturate on 8 bits
+    if "avx2_u7" not in {c.as_dict()["intrinsic"] for c in task.space}:
+        pytest.skip("this CPU has no AVX2")
+    w = task.workload
+    a, weight, _, _ = qm.inputs(w, seed=2)
+    assert a.min() >= -64 and a.max() <= 63 and a.min() < -50  # inputs of the workload use its range
+    a[0, :], a[1, :] = -64, 63  # the ends: (63 + 64) * -128 pairs are the largest int16 sums
+    weight[0, :], weight[1, :] = -128, 127
+    ones_m, ones_n = torch.ones(w.m), torch.ones(w.n)
+    exact = accumulate(a, weight)
+    for cfg in configs(task, 3, seed=5, intrinsic="avx2_u7"):
+        out = run(task, cfg, (a, weight, ones_m, ones_n))
+        assert torch.equal(out.to(torch.int64), exact.to(torch.int64)), str(cfg)
+
+
+def test_a_bits_is_validated():
+    with pytest.raises(WorkloadError, match="a_bits"):
+        qm.Workload(m=4, k=8, n=8, a_bits=6)
+    with pytest.raises(WorkloadError, match="int8"):
+        qm.Workload(m=4, k=8, n=8, mode="weight_only", a_bits=7)
+
+
 def test_pack_layout_puts_nb_channels_by_kb_reductions_side_by_side():
     task = make_task("qmatmul", "cpu", shape="m=4,k=8,n=16")
     cfg = next(c for c in task.space if c.as_dict()["layout"] == "n8k2" and c.as_dict()["n_vectors"] == 1)

@@ -1,6 +1,6 @@
 """Row-wise int8 quantization: the semantics' edge cases, CPU kernels bit for bit against PyTorch (every knob
-value, ragged and narrow rows, any batch), the torch op with a loaded kernel (and QuantLinear on it), and the
-CUDA kernels (built with nvcc within the device's limits, and emulated on the CPU)."""
+value, ragged and narrow rows, any batch, the 7-bit range), the torch op with a loaded kernel (and QuantLinear on
+it), and the CUDA kernels (built with nvcc within the device's limits, and emulated on the CPU)."""
 
 import shutil
 import warnings
@@ -16,10 +16,11 @@ from autotune.package import export
 from autotune.task import make_task
 from cuda_emulator import cuda_source, emulate_cuda
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
-from search_spaces import Config, InvalidConfig, InvalidDtype, InvalidInput
+from search_spaces import Config, InvalidConfig, InvalidDtype, InvalidInput, WorkloadError
 from search_spaces import quantize_rows as qr
 from search_spaces.quantize_rows import cpu, cuda
 from search_spaces.quantize_rows.torch_op import BINDING, half_boundaries
+from search_spaces.quantize_rows.workload import quantize_rows
 
 QR = torch.ops.autotune.quantize_rows
 
@@ -42,23 +43,50 @@ def test_semantics_round_half_to_even_clamp_zero_rows_and_the_range():
     x = torch.tensor([[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -127.0],  # scale exactly 1: quotients on .5
                       [0.0] * 8,  # all zero: scale is the clamped 1e-12 / 127, q all 0
                       [1e-30, -1e-30, 0, 0, 0, 0, 0, 0]])  # tiny: below the clamp, q all 0
-    q, s = qr.reference(None, x)
+    q, s = quantize_rows(x)  # the default range
     assert q[0].tolist() == [127, 2, 4, -2, 0, 0, 2, -127]  # half to even (not half away from zero)
     assert s[0] == 1.0 and torch.equal(s[1:], torch.full((2,), torch.tensor(1e-12) / 127))
     assert not q[1:].any()
     big = torch.randn(64, 40) * 1e30
-    q, s = qr.reference(None, big)
+    q, s = quantize_rows(big)
     assert int(q.min()) >= -127 and int(q.max()) <= 127 and (q.abs() == 127).sum(1).min() >= 1
 
 
 def test_boundary_inputs_tell_division_from_reciprocal_and_rounding_modes():
     """The .5 cases catch a kernel that multiplies by 1/scale or rounds half away from zero."""
     x = half_boundaries(64, 40, 0, random_scales=True)
-    q, s = qr.reference(None, x)
+    q, s = quantize_rows(x)
     by_reciprocal = torch.round(x * (1 / s)[:, None]).clamp(-127, 127).to(torch.int8)
     t = x / s[:, None]
     half_away = (torch.sign(t) * torch.floor(t.abs() + 0.5)).clamp(-127, 127).to(torch.int8)
     assert (q != by_reciprocal).float().mean() > 0.02 and (q != half_away).float().mean() > 0.2
+
+
+def test_seven_bit_range_scales_by_63_and_clamps_there():
+    """qmax=63 (FBGEMM's reduce_range): scale = max|x| / 63, q in [-63, 63], still half to even."""
+    x = torch.tensor([[63.0, 2.5, 3.5, -2.5, -62.5, 0.5, -63.0, 1.5]])
+    q, s = qr.reference(qr.Workload(rows=1, cols=8, qmax=63), x)
+    assert s.tolist() == [1.0] and q[0].tolist() == [63, 2, 4, -2, -62, 0, -63, 2]
+    x = half_boundaries(64, 40, 0, random_scales=True, qmax=63)
+    q, s = quantize_rows(x, 63)  # the eager semantics (the op's PyTorch implementation) as the reference
+    assert torch.equal(q, qr.reference(qr.Workload(rows=64, cols=40, qmax=63), x)[0])
+    assert int(q.abs().max()) == 63 and torch.equal(s, x.abs().amax(1) / 63)
+
+
+@pytest.mark.parametrize("qmax", [0, -63, 128, 255, True, 63.0, "63", None])
+def test_workload_refuses_a_range_int8_cannot_hold(qmax):
+    with pytest.raises(WorkloadError, match="qmax"):
+        qr.Workload(rows=4, cols=8, qmax=qmax)
+
+
+def test_workload_takes_the_range_from_shape_text_and_json():
+    assert qr.Workload.from_shape("rows=4,cols=8").qmax == 127
+    w = qr.Workload.from_shape("rows=4,cols=8,qmax=63")
+    assert w == qr.Workload(4, 8, 63) and qr.Workload.from_json(w.to_json()) == w
+    assert qr.Workload.from_json({"rows": 4, "cols": 8}).qmax == 127  # records written before the field
+    assert qr.Workload(4, 8, 1).qmax == 1  # any symmetric int8 range
+    with pytest.raises(WorkloadError, match=r"qmax must be in \[1, 127\]"):
+        qr.Workload.from_shape("rows=4,cols=8,qmax=128")
 
 
 # ---- CPU kernels ------------------------------------------------------------------------------------------------
@@ -70,6 +98,7 @@ SHAPES = {
     "whole-vectors": (dict(rows=6, cols=64), [dict(rows_per_task=128, max_chains=4, quant_unroll=4),
                                               dict(lanes=16, rows_per_task=4, quant_unroll=1),
                                               dict(rows_per_task=8), dict(rows_per_task=32), dict(rows_per_task=64)]),
+    "7-bit": (dict(rows=9, cols=37, qmax=63), [dict(lanes=4, quant_unroll=1)]),  # vectors and tail clamp at 63
 }
 
 
@@ -127,8 +156,10 @@ def test_cpu_kernel_divides_and_vectorises(host):
 
 
 # ---- the torch op -------------------------------------------------------------------------------------------
-KERNELS = [("quantize_rows", dict(rows=8, cols=32)), ("qmatmul", dict(m=8, k=32, n=16))]
+KERNELS = [("quantize_rows", dict(rows=8, cols=32)), ("quantize_rows", dict(rows=8, cols=32, qmax=63)),
+           ("qmatmul", dict(m=8, k=32, n=16))]
 W = qr.Workload(rows=8, cols=32)  # the op's cases: several batches, a zero row, extremes, .5 boundaries
+W7 = qr.Workload(rows=8, cols=32, qmax=63)  # the same width, 7-bit: a kernel of its own
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +176,9 @@ def pkg(package):
     at.unload_all()
 
 
-def calls(pkg, op):
-    return sum(k.calls for k in pkg.kernels if k.op == op)
+def calls(pkg, op, **fields):
+    return sum(k.calls for k in pkg.kernels if k.op == op and all(getattr(k.workload, f) == v
+                                                                   for f, v in fields.items()))
 
 
 def test_torch_op_runs_the_kernel_on_every_case_bit_exact(pkg):
@@ -155,8 +187,8 @@ def test_torch_op_runs_the_kernel_on_every_case_bit_exact(pkg):
         warnings.simplefilter("error", at.NoTunedKernelWarning)
         for name, x in cases:
             exact(QR(x), qr.reference(W, x), name)
-            exact(QR(x, False), qr.reference(W, x), name + " (validate=False)")
-    assert calls(pkg, "quantize_rows") == 2 * len(cases)
+            exact(QR(x, validate=False), qr.reference(W, x), name + " (validate=False)")
+    assert calls(pkg, "quantize_rows", qmax=127) == 2 * len(cases) and calls(pkg, "quantize_rows", qmax=63) == 0
     q, s = QR(torch.empty(7, 32, device="meta"))  # the fake: shapes and dtypes without data
     assert (q.shape, q.dtype, s.shape, s.dtype) == ((7, 32), torch.int8, (7,), torch.float32)
 
@@ -170,10 +202,51 @@ def test_torch_op_refuses_bad_tensors_and_falls_back_on_strided_ones(pkg):
     with pytest.raises(InvalidInput, match="contiguous"):
         QR(strided)
     with pytest.warns(at.NoTunedKernelWarning, match="strided"):  # unvalidated: PyTorch's path, still right
-        exact(QR(strided, False), qr.reference(None, strided))
+        exact(QR(strided, validate=False), qr.reference(W, strided))
     with pytest.warns(at.NoTunedKernelWarning, match="cols=5"):
         QR(torch.randn(3, 5))
+    for qmax in (0, -1, 128):
+        with pytest.raises(InvalidInput, match=rf"qmax must be in \[1, 127\].*got {qmax}"):
+            QR(torch.randn(4, 32), qmax)
     assert calls(pkg, "quantize_rows") == 0
+
+
+def test_torch_op_routes_each_range_to_its_own_kernel(pkg):
+    """The case tuples carry the workload's qmax (what `autotune check` calls the op with): a 7-bit call runs
+    the 7-bit kernel, never the full-range one of the same width, positionally or by keyword."""
+    cases = list(BINDING.cases(W7, 3, 2))
+    assert all(kwargs == {"qmax": 63} for _, _, kwargs in cases)
+    assert all(BINDING.route(*args, **kwargs).signature == BINDING.compiled(W7) == (32, 63)
+               for _, args, kwargs in cases)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        for name, (x,), kwargs in cases:
+            exact(QR(x, **kwargs), qr.reference(W7, x), name)
+            exact(QR(x, 63, False), qr.reference(W7, x), name + " (positional, validate=False)")
+    assert calls(pkg, "quantize_rows", qmax=63) == 2 * len(cases) and calls(pkg, "quantize_rows", qmax=127) == 0
+    at.ops._WARNED.clear()  # (warned once per process)
+    with pytest.warns(at.NoTunedKernelWarning, match="cols=32 qmax=31"):  # no kernel of that range: PyTorch
+        exact(QR(cases[0][1][0], 31), qr.reference(qr.Workload(8, 32, 31), cases[0][1][0]))
+    assert calls(pkg, "quantize_rows") == 2 * len(cases)
+
+
+def test_torch_op_takes_the_range_on_the_pytorch_fallback():
+    """No kernel loaded: PyTorch's implementation quantizes to the requested range, eager, compiled and under
+    opcheck (the schema's `int qmax=127`)."""
+    at.unload_all()
+    x = half_boundaries(6, 40, 1, random_scales=True, qmax=63)
+    want = qr.reference(qr.Workload(6, 40, 63), x)
+    at.ops._WARNED.clear()  # (warned once per process)
+    with pytest.warns(at.NoTunedKernelWarning, match="cols=40 qmax=63"):
+        exact(QR(x, 63), want, "eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.NoTunedKernelWarning)
+        exact(QR(x, qmax=63), want, "keyword")
+        exact(QR(x), qr.reference(qr.Workload(6, 40), x), "default range")
+        exact(torch.compile(lambda t: QR(t, 63), fullgraph=True)(x), want, "compiled")
+        torch.library.opcheck(QR.default, (x, 63))
+    with pytest.raises(InvalidInput, match=r"qmax must be in \[1, 127\]"):
+        QR(x, 200)
 
 
 def test_quant_linear_quantizes_its_input_in_the_kernel(pkg):
@@ -239,4 +312,15 @@ def test_cuda_kernels_are_bit_exact_when_emulated(change):
     cfg = task.space.make({**task.space.default().to_json(), **change})
     for rows, x in [(7, half_boundaries(7, 37, 1, random_scales=True)), (5, qr.inputs(qr.Workload(5, 37), 2)[0])]:
         x[rows - 1] = 0.0  # a zero row: the clamp
-        exact(_emulated(task, cfg, x), qr.reference(None, x), f"{cfg} rows={rows}")
+        exact(_emulated(task, cfg, x), qr.reference(task.workload, x), f"{cfg} rows={rows}")
+
+
+def test_cuda_kernel_quantizes_to_the_workloads_range_when_emulated():
+    if shutil.which("g++") is None:
+        pytest.skip("the CUDA emulator needs g++")
+    task = make_task("quantize_rows", "cuda:sm_90", rows=9, cols=37, qmax=63)
+    cfg = task.space.make({**task.space.default().to_json(), "rows_per_block": 2})
+    x = half_boundaries(7, 37, 2, random_scales=True, qmax=63)
+    q, s = _emulated(task, cfg, x)
+    exact((q, s), qr.reference(task.workload, x), f"{cfg} qmax=63")
+    assert int(q.abs().max()) == 63
