@@ -253,6 +253,7 @@ class Kept:
     rule: str
     where: str
     why: str
+    slower: bool = False  # it agreed by numbers but lost the speed check (tune_model asks the whole model too)
 
 
 @dataclass(frozen=True)

@@ -239,7 +239,9 @@ def test_a_replacement_that_agrees_but_is_not_faster_is_kept_with_both_times(mod
                                                                                         "top.1"]
     assert "kept bottom.1 [relu]: not faster: 11.9 ms vs PyTorch 8.1 ms on the example inputs" in str(report)
     # each side ran its own code: the model's relu and the replacement's clamp_min, on the same example values
-    assert len(calls) == 3 and all(len(o) == len(n) == 1 and torch.equal(o[0], n[0]) for o, n in calls)
+    assert len(calls) == 4 and all(len(o) == len(n) == 1 and torch.equal(o[0], n[0]) for o, n in calls[:3])
+    # then the whole model, rewritten with them, against the model without: also slower, so kept out
+    assert report.whole_model == ["relu: the model takes 11.9 ms with its replacements, 8.1 ms without: kept out"]
     assert aten.clamp_min.default not in _graph_ops(G.capture(model, args))
 
     monkeypatch.setattr(speed, "time_pair", fake_timer(1e-3, 0.98e-3, []))  # 2% faster: within the margin
@@ -256,6 +258,32 @@ def test_a_replacement_that_agrees_but_is_not_faster_is_kept_with_both_times(mod
         tune(model, args, tmp_path, rules=rules, speed=check)
     with pytest.raises(ValueError, match="margin"):
         at.SpeedCheck(margin=1.5)
+
+
+def test_replacements_slower_alone_are_wired_in_when_the_whole_model_is_faster_with_them(model, tmp_path,
+                                                                                          monkeypatch):
+    """A replacement's own subgraph misses what it does to its neighbours (the batched launch lets the
+    interaction read its output in place): the whole model has the last word on what lost alone."""
+    from autotune.torch import speed
+
+    args = make_batch(model, BATCH)
+    rules = [node_rule("relu", aten.relu.default, relu_to_clamp)]
+    check = at.SpeedCheck(rounds=1, seconds=0.001)
+    answers = iter([(1e-3, 2e-3)] * 3 + [(10e-3, 7e-3)])  # each relu alone: slower; the model with them: faster
+    wholes: list[tuple[Any, Any]] = []
+
+    def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
+        o, n = old(), new()
+        if not isinstance(o, tuple):  # the whole models (a match's subgraph returns a tuple)
+            wholes.append((o, n))
+        return next(answers)
+
+    monkeypatch.setattr(speed, "time_pair", time_pair)
+    opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert len(wholes) == 1 and torch.equal(wholes[0][0], wholes[0][1])  # both models ran, and agree
+    assert [r.where for r in report.replaced] == ["bottom.1", "bottom.3", "top.1"] and report.kept == []
+    assert aten.relu.default not in _graph_ops(opt) and aten.clamp_min.default in _graph_ops(opt)
+    assert "whole-model check, relu: the model takes 7 ms with its replacements, 10 ms without: wired in" in str(report)
 
 
 def _slow_sigmoid(x: torch.Tensor) -> torch.Tensor:

@@ -261,14 +261,15 @@ class Rewrite:
 
 def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
             ready: Callable[[GraphMatch], str | None] = lambda m: None,
-            speed: SpeedCheck | None = None) -> Rewrite:
+            speed: SpeedCheck | None = None, unchecked: frozenset[str] = frozenset()) -> Rewrite:
     """Rewrite `gm` in place, rule by rule (see the module docstring); `ready(match)` says why a match must be
     kept before it is tried (e.g. its kernel was not tuned), or None. With `speed`, a replacement that agrees
-    is also timed against the code it replaces and kept out unless it is faster by `speed.margin`."""
+    is also timed against the code it replaces and kept out unless it is faster by `speed.margin`, except
+    those of the rules named in `unchecked` (tune_model's whole-model check wires them in to time the model)."""
     out = Rewrite()
     claimed: set[fx.Node] = set()  # nodes of committed matches
     for rule in rules:
-        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, speed)
+        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, None if rule.name in unchecked else speed)
     return out
 
 
@@ -309,10 +310,12 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
             if why:
                 break
         times: tuple[float, float] | tuple[None, None] = (None, None)
+        slower = False
         if not why and speed is not None:
             why, times = _pays(gm, p, env, speed)
+            slower = times[0] is not None and bool(why)
         if why:
-            out.kept.append(Kept(p.match.rule, p.match.where, why))
+            out.kept.append(Kept(p.match.rule, p.match.where, why, slower))
             _erase(gm, p.added)
         else:
             _commit(p)
