@@ -15,14 +15,18 @@ The defaults are set by `autotune.thread_env.apply()` (re-exported here), which 
 any kernel of ours can start the pool (the tuner's workers and `autotune.kernel` get them too), with
 `os.environ.setdefault` semantics: a variable the user set wins, and AUTOTUNE_THREAD_DEFAULTS=0 sets none.
 This module adds `settings()` for reports, which needs torch. PyTorch's settings are left alone: libgomp reads
-OMP_WAIT_POLICY when `import torch` loads it, so they cannot be changed from here (set OMP_WAIT_POLICY=PASSIVE
-before starting Python on a shared machine).
+OMP_WAIT_POLICY when `import torch` loads it, so they cannot be changed from here.
+
+All of this is the fallback now: kernels loaded from files run their parallel loops on PyTorch's OpenMP pool
+instead of TVM's (`autotune.runtime.share_openmp_pool`; AUTOTUNE_PARALLEL=tvm opts out), so one pool serves
+both and the TVM variables apply only to kernels compiled in-process and to AUTOTUNE_PARALLEL=tvm.
 """
 
 from __future__ import annotations
 
 import os
 
+from ..runtime import PARALLEL_ENV
 from ..thread_env import DEFAULTS, OFF, VARIABLES, applied, apply
 
 __all__ = ["DEFAULTS", "OFF", "VARIABLES", "applied", "apply", "settings"]
@@ -37,5 +41,8 @@ def settings() -> dict[str, str]:
     out = {name: os.environ[name] + (" (autotune default)" if name in ours else "")
            for name in VARIABLES if name in os.environ}
     out["torch.get_num_threads()"] = str(torch.get_num_threads())
+    out["kernels' parallel loops"] = (f"TVM's pool ({PARALLEL_ENV}=tvm)"
+                                      if os.environ.get(PARALLEL_ENV, "").strip().lower() == "tvm"
+                                      else "PyTorch's OpenMP pool")
     return out
 

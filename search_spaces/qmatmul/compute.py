@@ -31,7 +31,8 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
         if unsigned_offset:
             comp = te.placeholder((np_,), "int32", name="comp")
             args.append(comp)
-            Au = te.compute((mp, kp), lambda i, j: (A[i, j].astype("int32") + unsigned_offset).astype("uint8"), name="Au")
+            Au = te.compute((mp, kp), lambda i, j: (A[i, j].astype("int32") + unsigned_offset).astype("uint8"),
+                            name="Au")
             src = Au
         else:
             src = A

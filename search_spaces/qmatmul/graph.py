@@ -142,7 +142,8 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         yield GraphMatch(
             rule=RULE, nodes=tuple(nodes), outputs=(out,),
             tasks=((RULE, fields), ("quantize_rows", dict(rows=m, cols=k, qmax=a_range(a_bits)[1]))),
-            replace=_replace(linear, relu, out, a_bits), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
+            replace=_replace(linear, relu, out, a_bits), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6),
+            where=where(nodes),
             what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> quantize_rows + int8 qmatmul"
                  f"{' (7-bit activations)' if a_bits == 7 else ''}"
                  f"{' (ReLU fused)' if relu is not None else ''}")
