@@ -256,6 +256,8 @@ def test_7bit_qmatmul_runs_its_own_kernel_and_refuses_activations_out_of_its_ran
         QMM(a7.index_fill(1, torch.tensor([0]), -128), wq, a_s, w_s, bias, False, 7)
     with pytest.raises(ValueError, match="a_bits must be 7 or 8"):
         QMM(a7, wq, a_s, w_s, bias, False, 6)
+    with pytest.raises(ValueError, match="got 1 .the argument after relu is a_bits now"):  # the call before a_bits
+        QMM(a7, wq, a_s, w_s, bias, False, True)
 
 
 def test_other_ops_reject_bad_inputs():

@@ -77,7 +77,8 @@ def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tens
             need(t.dtype == torch.float32, OP, f"{name} must be float32, got {t.dtype}", InvalidDtype)
             need(tuple(t.shape) == (size,), OP, f"{name} must be ({size},), got {tuple(t.shape)}")
     same_device_contiguous(OP, a=a, weight=weight, a_scale=a_scale, w_scale=w_scale, bias=bias)
-    need(a_bits in A_BITS and not isinstance(a_bits, bool), OP, f"a_bits must be 7 or 8, got {a_bits!r}")
+    need(a_bits in A_BITS and not isinstance(a_bits, bool), OP, f"a_bits must be 7 or 8, got {a_bits!r}"
+         + (" (the argument after relu is a_bits now: pass validate= by keyword)" if a_bits in (0, 1) else ""))
     if a_bits != 8:
         need(a.dtype == torch.int8, OP, "a_bits applies to int8 activations only")
         lo, hi = a_range(a_bits)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .._torch_checks import need
 from ..template import InvalidDtype, Route, TorchBinding
-from .workload import QMAX, Workload, inputs, quantize_rows as _quantize_rows
+from .workload import QMAX, QMIN, Workload, inputs, quantize_rows as _quantize_rows
 
 __all__ = ["BINDING", "check", "quantize_rows"]
 
@@ -32,7 +32,7 @@ def quantize_rows(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[T
 def check(x: Tensor, qmax: int = QMAX, validate: bool = True) -> None:
     """Metadata only (no pass over the data): a 2-D float32 contiguous tensor and a range int8 holds. One
     expression on the fast path; `_explain` says what is wrong when it fails."""
-    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and 1 <= qmax <= QMAX:
+    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and QMIN <= qmax <= QMAX:
         return
     _explain(x, qmax)
 
@@ -41,7 +41,8 @@ def _explain(x: Tensor, qmax: int) -> None:
     need(x.dim() == 2, OP, f"x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
     need(x.dtype == torch.float32, OP, f"x must be float32, got {x.dtype}", InvalidDtype)
     need(x.is_contiguous(), OP, "x must be contiguous (call .contiguous() on it)")
-    need(1 <= qmax <= QMAX, OP, f"qmax must be in [1, {QMAX}] (q is int8, symmetric), got {qmax}")
+    need(QMIN <= qmax <= QMAX, OP, f"qmax must be in [{QMIN}, {QMAX}] (q is int8, symmetric), got {qmax}"
+         + (" (the second argument is qmax now: pass validate= by keyword)" if qmax in (0, 1) else ""))
 
 
 def fake(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:

@@ -21,6 +21,9 @@ from ..space import Config
 from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
 
 QMAX = 127  # the default symmetric range [-127, 127]: -128 is never produced, so negation stays in range
+# The smallest range: 1 would be ternary, and it is what the op's old call `quantize_rows(x, True)` (validate,
+# before qmax came second) turns into; refusing it makes that call an error instead of silently ternary output.
+QMIN = 2
 EPS = 1e-12  # smallest row max: an all-zero row gets a tiny positive scale (and q = 0), not a division by 0
 
 
@@ -40,8 +43,8 @@ class Workload(_Workload):
                 raise WorkloadError(f"{name} must be an integer, got {value!r}")
             if value < 1 and name != "qmax":
                 raise WorkloadError(f"{name} must be >= 1, got {value}")
-        if not 1 <= self.qmax <= QMAX:
-            raise WorkloadError(f"qmax must be in [1, {QMAX}] (q is int8, symmetric), got {self.qmax}")
+        if not QMIN <= self.qmax <= QMAX:
+            raise WorkloadError(f"qmax must be in [{QMIN}, {QMAX}] (q is int8, symmetric), got {self.qmax}")
 
 
 def quantize_rows(x: Any, qmax: int = QMAX) -> tuple[Any, Any]:

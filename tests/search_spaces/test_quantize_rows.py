@@ -84,8 +84,8 @@ def test_workload_takes_the_range_from_shape_text_and_json():
     w = qr.Workload.from_shape("rows=4,cols=8,qmax=63")
     assert w == qr.Workload(4, 8, 63) and qr.Workload.from_json(w.to_json()) == w
     assert qr.Workload.from_json({"rows": 4, "cols": 8}).qmax == 127  # records written before the field
-    assert qr.Workload(4, 8, 1).qmax == 1  # any symmetric int8 range
-    with pytest.raises(WorkloadError, match=r"qmax must be in \[1, 127\]"):
+    assert qr.Workload(4, 8, 2).qmax == 2  # any symmetric int8 range but ternary (see QMIN)
+    with pytest.raises(WorkloadError, match=r"qmax must be in \[2, 127\]"):
         qr.Workload.from_shape("rows=4,cols=8,qmax=128")
 
 
@@ -206,8 +206,11 @@ def test_torch_op_refuses_bad_tensors_and_falls_back_on_strided_ones(pkg):
     with pytest.warns(at.NoTunedKernelWarning, match="cols=5"):
         QR(torch.randn(3, 5))
     for qmax in (0, -1, 128):
-        with pytest.raises(InvalidInput, match=rf"qmax must be in \[1, 127\].*got {qmax}"):
+        with pytest.raises(InvalidInput, match=rf"qmax must be in \[2, 127\].*got {qmax}"):
             QR(torch.randn(4, 32), qmax)
+    # the call as it was before qmax came second: validate=True lands on qmax as 1, and is refused, not ternary
+    with pytest.raises(InvalidInput, match="got 1 .the second argument is qmax now: pass validate= by keyword"):
+        QR(torch.randn(4, 32), True)
     assert calls(pkg, "quantize_rows") == 0
 
 
@@ -245,7 +248,7 @@ def test_torch_op_takes_the_range_on_the_pytorch_fallback():
         exact(QR(x), qr.reference(qr.Workload(6, 40), x), "default range")
         exact(torch.compile(lambda t: QR(t, 63), fullgraph=True)(x), want, "compiled")
         torch.library.opcheck(QR.default, (x, 63))
-    with pytest.raises(InvalidInput, match=r"qmax must be in \[1, 127\]"):
+    with pytest.raises(InvalidInput, match=r"qmax must be in \[2, 127\]"):
         QR(x, 200)
 
 
