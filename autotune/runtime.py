@@ -158,6 +158,14 @@ def _bridge() -> tuple[int, int] | None:
         return _BRIDGE[0]
 
 
+def parallel_pool() -> str:
+    """The pool AUTOTUNE_PARALLEL asks for: "openmp" (also when unset) or "tvm"; anything else is an error."""
+    value = os.environ.get(PARALLEL_ENV, "").strip().lower() or "openmp"
+    if value not in ("openmp", "tvm"):
+        raise ValueError(f"{PARALLEL_ENV} must be openmp or tvm, got {os.environ[PARALLEL_ENV]!r}")
+    return value
+
+
 def parallel_launcher(path: str) -> str | None:
     """Which pool the loaded CPU library `path` runs its parallel loops on: "openmp" (the launcher above),
     "tvm" (TVM's own), or None for a library without parallel loops."""
@@ -171,7 +179,7 @@ def parallel_launcher(path: str) -> str | None:
 def share_openmp_pool(path: str) -> bool:
     """Point the loaded CPU library `path` at the OpenMP launcher (see above); whether it now uses it. A library
     without parallel loops, a process without libgomp, or AUTOTUNE_PARALLEL=tvm: left as loaded."""
-    if os.environ.get(PARALLEL_ENV, "openmp").strip().lower() == "tvm" or not _openmp_loaded():
+    if parallel_pool() == "tvm" or not _openmp_loaded():
         return False
     try:
         lib = ctypes.CDLL(path)  # the handle of the library tvm_ffi loaded (same path: not loaded twice)

@@ -141,3 +141,17 @@ def test_kernels_run_their_parallel_loops_on_pytorchs_openmp_pool_unless_told_no
     out = child(AUTOTUNE_CACHE=str(tmp_path / "empty"), CC="/nonexistent/cc")
     assert out["launcher"] == "tvm" and out["ok"]
     assert len(out["warnings"]) == 1 and "keep TVM's thread pool" in out["warnings"][0]
+
+
+def test_an_unknown_parallel_pool_is_a_clear_error(monkeypatch) -> None:
+    import pytest
+
+    from autotune import runtime
+
+    monkeypatch.setenv("AUTOTUNE_PARALLEL", "gomp")
+    with pytest.raises(ValueError, match="AUTOTUNE_PARALLEL must be openmp or tvm, got 'gomp'"):
+        runtime.parallel_pool()
+    monkeypatch.setenv("AUTOTUNE_PARALLEL", " TVM ")
+    assert runtime.parallel_pool() == "tvm"
+    monkeypatch.delenv("AUTOTUNE_PARALLEL")
+    assert runtime.parallel_pool() == "openmp"

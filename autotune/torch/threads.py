@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from ..runtime import PARALLEL_ENV
+from ..runtime import PARALLEL_ENV, parallel_pool
 from ..thread_env import DEFAULTS, OFF, VARIABLES, applied, apply
 
 __all__ = ["DEFAULTS", "OFF", "VARIABLES", "applied", "apply", "settings"]
@@ -41,8 +41,7 @@ def settings() -> dict[str, str]:
     out = {name: os.environ[name] + (" (autotune default)" if name in ours else "")
            for name in VARIABLES if name in os.environ}
     out["torch.get_num_threads()"] = str(torch.get_num_threads())
-    out["kernels' parallel loops"] = (f"TVM's pool ({PARALLEL_ENV}=tvm)"
-                                      if os.environ.get(PARALLEL_ENV, "").strip().lower() == "tvm"
+    out["kernels' parallel loops"] = (f"TVM's pool ({PARALLEL_ENV}=tvm)" if parallel_pool() == "tvm"
                                       else "PyTorch's OpenMP pool")
     return out
 

@@ -45,9 +45,12 @@ def check(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
     if (len(sa) == 2 and len(sw) == 2 and sw[1] == sa[1] and weight.dtype is _I8
             and (_vector(a_scale, sa[0]) if a.dtype is _I8 else a.dtype is _F32 and a_scale is None)
             and _vector(w_scale, sw[0]) and (bias is None or _vector(bias, sw[0]))
-            and fits(a, weight, a_scale, w_scale, bias) and a_bits == 8):
+            and fits(a, weight, a_scale, w_scale, bias)):
+        if a_bits != 8:  # the 7-bit calls int8 models make: their range, checked on the fast path too
+            _check_a_bits(a, a_bits)
         return
-    _explain(a, weight, a_scale, w_scale, bias, a_bits)
+    _explain(a, weight, a_scale, w_scale, bias)
+    _check_a_bits(a, a_bits)
 
 
 _I8, _F32 = torch.int8, torch.float32
@@ -58,8 +61,7 @@ def _vector(t: Optional[Tensor], size: int) -> bool:
     return t is not None and t.dtype is _F32 and t.dim() == 1 and t.shape[0] == size
 
 
-def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor],
-             a_bits: int) -> None:
+def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor]) -> None:
     need(a.dim() == 2, OP, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
     need(a.dtype in (torch.int8, torch.float32), OP,
          f"a must be int8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
@@ -77,6 +79,10 @@ def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tens
             need(t.dtype == torch.float32, OP, f"{name} must be float32, got {t.dtype}", InvalidDtype)
             need(tuple(t.shape) == (size,), OP, f"{name} must be ({size},), got {tuple(t.shape)}")
     same_device_contiguous(OP, a=a, weight=weight, a_scale=a_scale, w_scale=w_scale, bias=bias)
+
+
+def _check_a_bits(a: Tensor, a_bits: int) -> None:
+    """a_bits is 8 or 7, and 7-bit activations lie in their range (one aminmax pass)."""
     need(a_bits in A_BITS and not isinstance(a_bits, bool), OP, f"a_bits must be 7 or 8, got {a_bits!r}"
          + (" (the argument after relu is a_bits now: pass validate= by keyword)" if a_bits in (0, 1) else ""))
     if a_bits != 8:
