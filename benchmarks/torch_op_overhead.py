@@ -1,18 +1,22 @@
 """Per-call cost of `torch.ops.autotune.*` over calling the TVM function directly, in microseconds.
 
-On small inputs (the kernel's own work is a few microseconds) each operator is timed seven ways, interleaved in
+On small inputs (the kernel's own work is a few microseconds) each operator is timed eight ways, interleaved in
 rounds: the exported TVM function called with ready arguments (output preallocated), the loaded kernel
 (arguments and output made per call), the custom operator with `validate=False` and with `validate=True`, each
-in normal (grad) mode and in `torch.inference_mode`, and PyTorch's own implementation for scale. The difference
-between the custom operator and the direct call is what the dispatcher, the checks, the kernel choice and the
-output allocation cost; the target is <= 10 us with validation on. Two figures per contender: the median wall
+in normal (grad) mode and in `torch.inference_mode`, PyTorch's own implementation for scale, and the
+dispatcher's floor: an operator of the same schema whose Python kernel does nothing but return a ready output
+(what any `torch.library` operator implemented in Python pays to be called: boxing the arguments into Python
+objects and the result back). The difference between the custom operator and the direct call is what the
+dispatcher, the checks, the kernel choice and the output allocation cost; the target is <= 10 us with
+validation on. Two figures per contender: the median wall
 time (the measurement core's timer) and the least CPU time of this thread over the rounds, which a shared
 machine disturbs least (torch and TVM run one thread each here: set TVM_NUM_THREADS=1).
 
 Then the one-hot embedding bag of issue 11 (rows=200000, dim=64, batch=2048, pooling=1): the custom op against
 `F.embedding_bag` on the same tensors in this process, as a ratio (> 1: the op is faster). Usage:
-    python benchmarks/torch_op_overhead.py [--package DIR] [--rounds N]
-    # default: a package of untuned (default-config) kernels, built here; --package takes a tuned one
+    python benchmarks/torch_op_overhead.py [--package DIR | --log LOG ...] [--rounds N]
+    # default: a package of untuned (default-config) kernels, built here; --log puts the best logged config
+    # of each of these workloads in it instead (e.g. a tuned one-hot log); --package takes a ready one
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 
 import autotune.torch as at
 import search_spaces
+from autotune import records
 from autotune.bench import median_seconds
 from autotune.package import export
 from autotune.task import make_task
@@ -39,6 +44,18 @@ WORKLOADS = {
 }
 ONE_HOT = dict(rows=200000, dim=64, batch=2048, pooling=(1, 1))
 RAW = "TVM function, ready arguments"
+FLOOR = "dispatcher floor (no-op kernel)"
+_FLOOR_LIB = torch.library.Library("autotune_overhead_floor", "DEF")  # the no-op twins of the ops (kept alive)
+
+
+def floor_op(op: str, out: Any) -> Any:
+    """An operator with `op`'s schema whose CPU kernel returns `out` (no checks, no kernel, no allocation)."""
+    name = f"{op}_floor"
+    if not hasattr(torch.ops.autotune_overhead_floor, name):
+        schema = torch.library.infer_schema(at.ops.BINDINGS[op].op, mutates_args=())
+        _FLOOR_LIB.define(name + schema)
+        _FLOOR_LIB.impl(name, lambda *args: out, "CPU")
+    return getattr(torch.ops.autotune_overhead_floor, name).default
 
 
 class Inference:
@@ -75,6 +92,7 @@ def contenders(op: str, kernel: at.LoadedKernel) -> dict[str, Callable[[], Any]]
         torch_path = lambda: template.reference(w, *tensors)  # noqa: E731
     unchecked = lambda: custom(*targs, **kwargs, validate=False)  # noqa: E731
     checked = lambda: custom(*targs, **kwargs)  # noqa: E731
+    floor = floor_op(op, kernel(*tensors))
     return {
         RAW: lambda: kernel.func(*args),
         "loaded kernel (args + output)": lambda: kernel(*tensors),
@@ -83,6 +101,7 @@ def contenders(op: str, kernel: at.LoadedKernel) -> dict[str, Callable[[], Any]]
         "custom op, validate=True": checked,
         "custom op, validate=True, inference": Inference(checked),
         "PyTorch": torch_path,
+        FLOOR: lambda: floor(*targs, **kwargs),
     }
 
 
@@ -152,6 +171,7 @@ def one_hot(pkg: at.Package, rounds: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--package", help="a package with kernels for the workloads above (default: build one)")
+    p.add_argument("--log", nargs="+", default=[], help="logs whose best configs replace the defaults")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     pkg_dir = args.package
@@ -159,7 +179,9 @@ def main() -> None:
         pkg_dir = tempfile.mkdtemp(prefix="autotune-overhead-")
         tasks = [make_task(op, "cpu", **fields) for op, fields in WORKLOADS.items()]
         tasks.append(make_task("embedding_bag", "cpu", **ONE_HOT))
-        export([t.record(t.space.default(), costs=(0.0,)) for t in tasks], pkg_dir)
+        logged = records.load_many(args.log)
+        export([records.best(logged, t.op, t.workload_key, t.device.name) or t.record(t.space.default(), costs=(0.0,)) for t in tasks],
+               pkg_dir)
     pkg = at.load(pkg_dir)
     one_hot(pkg, args.rounds)  # at the process's thread settings, as a model would run it
     torch.set_num_threads(1)  # small inputs: the figure is the fixed cost, not parallel speed

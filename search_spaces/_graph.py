@@ -14,12 +14,18 @@ from typing import Any, Iterable, Sequence
 from .template import WorkloadError
 
 __all__ = ["ancestors_include", "attr", "fresh_attr", "has_op", "insertion_point", "is_call", "node_order",
-           "register", "scalar_arg", "tensor_value", "where", "workload_error"]
+           "register", "scalar_arg", "sole_user", "tensor_value", "where", "workload_error"]
 
 
 def is_call(node: Any, *targets: Any) -> bool:
     """Whether `node` is a call_function of one of `targets` (ATen OpOverloads or Python callables)."""
     return getattr(node, "op", None) == "call_function" and node.target in targets
+
+
+def sole_user(node: Any, *targets: Any) -> Any:
+    """`node`'s only user when that is a call of one of `targets` (e.g. the ReLU a Linear feeds), else None."""
+    users = list(node.users)
+    return users[0] if len(users) == 1 and is_call(users[0], *targets) else None
 
 
 def attr(gm: Any, target: str) -> Any:

@@ -15,7 +15,7 @@ call if set. Kernels need TVM's runtime only (tvm_ffi and the package's libtvm_r
 from __future__ import annotations
 
 from . import threads  # noqa: F401  TVM thread-pool defaults, set before any kernel starts the pool
-from . import ops
+from . import dense, ops  # noqa: F401  (dense: torch.ops.autotune.dense_linear)
 from .ops import BINDINGS, IndexOutOfRange, InvalidDtype, InvalidInput, NoTunedKernelWarning
 from .optimize import OptimizeReport, optimize
 from .registry import REGISTRY, LoadedKernel, Package, StalePackage, load, load_default

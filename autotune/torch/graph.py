@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 import search_spaces
 from search_spaces.template import GraphMatch, GraphRule, Kept
 
+from . import dense
 from . import speed as _speed
 from .speed import SpeedCheck
 
@@ -196,14 +197,16 @@ def _disagreement(old: Any, new: Any, tolerance: tuple[float, float]) -> tuple[s
 # ---- rules --------------------------------------------------------------------------------------------------
 def collect_rules(quantize: bool = True, extra: Iterable[GraphRule] = (),
                   rules: Iterable[GraphRule] | None = None) -> list[GraphRule]:
-    """Every template's graph rules (templates without `graph_rules` have none) plus `extra`, by priority;
-    rules that change numerics (`quantizes`) only with `quantize`. `rules` replaces the templates' rules."""
+    """Every template's graph rules (templates without `graph_rules` have none) and oneDNN's float32 Linear rule
+    (`dense`), plus `extra`, by priority; rules that change numerics (`quantizes`) only with `quantize`. `rules`
+    replaces the built-in ones."""
     if rules is None:
         found: list[GraphRule] = []
         for name in search_spaces.names():
             fn = getattr(search_spaces.get(name), "graph_rules", None)
             if fn is not None:
                 found.extend(fn())
+        found.extend(dense.RULES)  # float32 layers no template serves: oneDNN's, where it wins (dense.py)
         rules = found
     out = [r for r in (*rules, *extra) if quantize or not r.quantizes]
     return sorted(out, key=lambda r: r.priority)  # stable: equal priorities keep their order

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._torch_checks import need, same_device_contiguous
+from .._torch_checks import fits, need, same_device_contiguous
 from ..template import IndexOutOfRange, InvalidDtype, ModuleRule, Route, TorchBinding
 from .workload import MODES, Workload, boundaries, inputs, row_indices
 
@@ -48,11 +48,30 @@ def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
     own implementation, where a call falls back to it, checks them itself (`embedding_bag` adds the check
     PyTorch lacks). CUDA inputs are also checked here, on the host, before the call: reading a GPU kernel's
     flag would wait for it (its kernels clamp what they read, so unchecked input stays inside the tensors)."""
+    ws, ids, ofs = weight.shape, indices.shape, offsets.shape
+    if (len(ws) == 2 and len(ids) == 1 and len(ofs) == 1 and weight.is_floating_point() and indices.dtype in _INDEX
+            and offsets.dtype in _INDEX and mode in MODES and ofs[0] >= include_last_offset
+            and (per_sample_weights is None or (mode == "sum" and per_sample_weights.dtype is weight.dtype
+                                                and per_sample_weights.shape == ids))
+            and (padding_idx is None or -ws[0] <= padding_idx < ws[0])
+            and fits(weight, indices, offsets, per_sample_weights)):
+        if weight.is_cpu:
+            return  # the kernels check the data as they gather
+    else:
+        _explain(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx)
+    check_data(ws[0], indices, offsets)
+
+
+_INDEX = (torch.int32, torch.int64)
+
+
+def _explain(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor], mode: str,
+             include_last_offset: bool, padding_idx: Optional[int]) -> None:
     need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
     need(weight.dim() == 2, OP, f"weight must be 2-D (rows, dim), got shape {tuple(weight.shape)}")
     need(weight.is_floating_point(), OP, f"weight must be a floating-point tensor, got {weight.dtype}", InvalidDtype)
     for name, t in (("indices", indices), ("offsets", offsets)):
-        need(t.dtype in (torch.int32, torch.int64), OP, f"{name} must be int32 or int64, got {t.dtype}", InvalidDtype)
+        need(t.dtype in _INDEX, OP, f"{name} must be int32 or int64, got {t.dtype}", InvalidDtype)
         need(t.dim() == 1, OP, f"{name} must be 1-D, got shape {tuple(t.shape)}")
     same_device_contiguous(OP, weight=weight, indices=indices, offsets=offsets, per_sample_weights=per_sample_weights)
     if per_sample_weights is not None:
@@ -67,8 +86,6 @@ def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
         need(-rows <= padding_idx < rows, OP, f"padding_idx {padding_idx} is out of range for {rows} rows")
     need(offsets.numel() >= int(include_last_offset), OP,
          "offsets must hold at least one element with include_last_offset=True")
-    if indices.device.type != "cpu":
-        check_data(rows, indices, offsets)
 
 
 def check_data(rows: int, indices: Tensor, offsets: Tensor) -> None:
@@ -126,27 +143,34 @@ def fake(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: O
     return weight.new_empty(offsets.shape[0] - int(include_last_offset), weight.shape[1])
 
 
+_INDEX_NAMES = {torch.int64: "int64", torch.int32: "int32"}
+
+
 def _index_dtype(indices: Tensor, offsets: Tensor) -> str:
-    if indices.dtype != offsets.dtype:
-        return f"{indices.dtype}/{offsets.dtype}"
-    return "int64" if indices.dtype == torch.int64 else "int32" if indices.dtype == torch.int32 else str(indices.dtype)
+    if indices.dtype is offsets.dtype:
+        name = _INDEX_NAMES.get(indices.dtype)
+        if name is not None:
+            return name
+    return f"{indices.dtype}/{offsets.dtype}" if indices.dtype != offsets.dtype else str(indices.dtype)
 
 
 def route(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
           mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
           validate: bool = True) -> Route | str:
+    """Attributes read once each, cheapest first (`is_cpu`, not `device.type`): this runs on every call."""
     pad = padding_idx + weight.shape[0] if padding_idx is not None and padding_idx < 0 else padding_idx
-    bags = offsets.numel() - int(include_last_offset)
+    bags = offsets.numel() - include_last_offset
     signature = (weight.shape[1], mode, _index_dtype(indices, offsets), per_sample_weights is not None, pad,
                  include_last_offset)
-    if bags < 1 or indices.numel() == 0:  # nothing to gather: not worth a kernel
+    if bags < 1 or not indices.numel():  # nothing to gather: not worth a kernel
         return Route(signature, 0)
-    if weight.dtype != torch.float32:
+    if weight.dtype is not torch.float32:
         return f"kernels take float32 tables, got {weight.dtype}"
-    if weight.device.type == "cuda" and weight.data_ptr() % 16:
+    if weight.is_cpu:
+        if weight.data_ptr() % 64:  # e.g. a row view of a larger tensor
+            return "the CPU kernels need a 64-byte aligned table (TVM's buffers assume it for aligned vector loads)"
+    elif weight.is_cuda and weight.data_ptr() % 16:
         return "the GPU kernels need a 16-byte aligned table (vector loads)"
-    if weight.device.type == "cpu" and weight.data_ptr() % 64:  # e.g. a row view of a larger tensor
-        return "the CPU kernels need a 64-byte aligned table (TVM's buffers assume it for aligned vector loads)"
     return Route(signature, bags)
 
 

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 import torch
 
-from .._graph import attr, has_op, insertion_point, is_call, register, scalar_arg, tensor_value, where, workload_error
+from .._graph import (attr, has_op, insertion_point, is_call, register, scalar_arg, sole_user, tensor_value, where,
+                      workload_error)
 from ..template import GraphMatch, GraphRule, Kept
 from .torch_op import quantize_rows
 from .workload import Workload, a_range
@@ -64,12 +65,6 @@ def activation_bits(device: torch.device) -> int:
     return 7 if device.type == "cpu" and not _host_has_avx512_vnni() else 8
 
 
-def _relu_after(linear: Any) -> Any:
-    """The ReLU that is the linear's only user, or None."""
-    users = list(linear.users)
-    return users[0] if len(users) == 1 and is_call(users[0], *RELUS) else None
-
-
 def _replace(linear: Any, relu: Any, out: Any, a_bits: int) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
         x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
@@ -110,7 +105,7 @@ def _site(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> tu
         return f"its input is of shape {shape}: int8 layers take 2-D (batch, features) float32"
     if not xv.is_contiguous():
         return "its input is strided (not contiguous): the quantize kernel reads rows in place"
-    relu = _relu_after(linear)
+    relu = sole_user(linear, *RELUS)
     if relu is not None and relu in claimed:
         relu = None
     return relu, relu or linear, xv.shape[0], k, n, b is not None, activation_bits(xv.device)

@@ -1,0 +1,120 @@
+"""Float32 Linear (+ ReLU) layers on oneDNN: what tune_model runs the layers it does not quantize on, on CPUs.
+
+PyTorch's CPU Linear is MKL's sgemm, then a separate pass for the ReLU. On AMD CPUs MKL takes a generic code
+path; oneDNN, which PyTorch bundles as mkldnn, JIT-compiles its GEMM for the CPU's ISA and applies the ReLU as
+it writes the result (a post-op), as IPEX's optimized Linear does. This is not a tuned kernel of ours but a
+library's: the rule is kept at a site only where it reproduces the layer (fp32, to summation order) and beats
+it there in tune_model's speed check, so where MKL is the faster it stays.
+
+`torch.ops.autotune.dense_linear(x, weight, bias, relu)` wraps `torch.ops.mkldnn._linear_pointwise` (the op
+inductor's CPU freezing passes emit) in a custom op with a fake implementation and a backward: inductor lowers
+`_linear_pointwise` only on weights it packed itself, so the wrapper keeps `torch.compile` of a rewritten model
+working, and the layer keeps training. Off the CPU, or without oneDNN, the op is F.linear (+ ReLU).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from search_spaces._graph import attr, insertion_point, is_call, scalar_arg, sole_user, tensor_value, where
+from search_spaces.template import GraphMatch, GraphRule
+
+__all__ = ["RULES", "available", "dense_linear"]
+
+aten = torch.ops.aten
+RULE = "dense_linear"
+RELUS = (aten.relu.default, aten.relu_.default)
+# fp32 results of another summation order: within a few ulps of the output's range per product summed
+RTOL, RANGE_ATOL = 1e-4, 1e-5
+
+
+def available() -> bool:
+    """Whether this PyTorch build has oneDNN's fused linear (CPU builds for x86 and Arm have)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@torch.library.custom_op("autotune::dense_linear", mutates_args=())
+def dense_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
+    """relu?(x @ weight.T + bias) for x of shape (..., K), weight (N, K): oneDNN's GEMM with the ReLU fused on
+    CPU float32, F.linear (+ ReLU) otherwise."""
+    if (x.is_cpu and x.dtype == weight.dtype == torch.float32 and x.dim() >= 2 and available()
+            and (bias is None or bias.dtype == torch.float32)):
+        lead = x.shape[:-1]
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), weight.contiguous(), bias,
+                                               "relu" if relu else "none", [], "")
+        return y.reshape(*lead, weight.shape[0])
+    y = F.linear(x, weight, bias)
+    return torch.relu(y) if relu else y
+
+
+@dense_linear.register_fake
+def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, weight, bias, relu = inputs
+    ctx.save_for_backward(x, weight, output if relu else None)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    """Linear's gradients, through the ReLU's mask (y > 0) where it was fused."""
+    x, weight, y = ctx.saved_tensors
+    if y is not None:
+        grad = grad * (y > 0)
+    g2 = grad.reshape(-1, grad.shape[-1])
+    dx = grad @ weight if ctx.needs_input_grad[0] else None
+    dw = g2.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+    db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return dx, dw, db, None
+
+
+dense_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- the graph rule -----------------------------------------------------------------------------------------
+def _replace(linear: Any, relu: Any) -> Any:
+    def replace(gm: Any) -> tuple[Any, ...]:
+        x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
+        out = relu or linear
+        with gm.graph.inserting_before(insertion_point(gm, [x, w, b], [out])):
+            new = gm.graph.call_function(torch.ops.autotune.dense_linear.default, (x, w, b, relu is not None))
+        new.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
+        return (new,)
+
+    return replace
+
+
+def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
+    """Every float32 Linear (+ the ReLU that is its only user) on a CPU input that earlier rules left, in graph
+    order. Layers of other dtypes or devices are not this rule's to refuse: they are skipped without a word."""
+    if not available():
+        return
+    for linear in [n for n in gm.graph.nodes if is_call(n, aten.linear.default) and n not in claimed]:
+        x, w = linear.args[0], linear.args[1]
+        weight, xv = tensor_value(gm, values, w), tensor_value(gm, values, x)
+        b = scalar_arg(linear, 2, "bias", None)
+        bias = attr(gm, b.target) if getattr(b, "op", None) == "get_attr" else tensor_value(gm, values, b)
+        if not (isinstance(weight, Tensor) and isinstance(xv, Tensor) and weight.dim() == 2 and xv.dim() >= 2
+                and weight.dtype == xv.dtype == torch.float32 and xv.is_cpu and weight.is_cpu
+                and (b is None or (isinstance(bias, Tensor) and bias.dtype == torch.float32))):
+            continue
+        relu = sole_user(linear, *RELUS)
+        relu = None if relu in claimed else relu
+        nodes = (linear,) if relu is None else (linear, relu)
+        ref = tensor_value(gm, values, relu or linear)
+        scale = float(ref.abs().max()) if isinstance(ref, Tensor) and ref.numel() else 1.0
+        n, k = weight.shape
+        yield GraphMatch(
+            rule=RULE, nodes=nodes, outputs=(relu or linear,), tasks=(), replace=_replace(linear, relu),
+            tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
+            what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> oneDNN linear"
+                 f"{' (ReLU fused)' if relu is not None else ''}")
+
+
+RULES = (GraphRule(RULE, find, priority=60),)

@@ -1,0 +1,118 @@
+"""autotune/torch/dense.py: float32 Linear (+ ReLU) on oneDNN, its op and its graph rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autotune.torch  # noqa: F401 -- registers torch.ops.autotune.*
+from autotune.torch import dense
+from autotune.torch.graph import capture, collect_rules, example_values
+from search_spaces.template import GraphMatch
+
+pytestmark = pytest.mark.skipif(not dense.available(), reason="this PyTorch build has no oneDNN")
+op = torch.ops.autotune.dense_linear.default
+
+
+def linear(x, w, b, relu):
+    y = F.linear(x, w, b)
+    return torch.relu(y) if relu else y
+
+
+@pytest.mark.parametrize("shape", [(33, 20), (3, 5, 20)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("relu", [True, False])
+def test_the_op_is_linear_and_relu(shape, bias, relu):
+    torch.manual_seed(0)
+    x, w = torch.randn(*shape), torch.randn(12, 20)
+    b = torch.randn(12) if bias else None
+    got = op(x, w, b, relu)
+    assert got.shape == (*shape[:-1], 12)
+    torch.testing.assert_close(got, linear(x, w, b, relu), rtol=1e-5, atol=1e-5)
+    assert (got >= 0).all() or not relu
+
+
+def test_other_dtypes_run_pytorchs_linear():
+    x, w, b = torch.randn(4, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64), None
+    assert torch.equal(op(x, w, b, True), linear(x, w, b, True))
+
+
+def test_gradients_are_linears_through_the_relu():
+    torch.manual_seed(1)
+    x = torch.randn(9, 7, requires_grad=True)
+    w, b = torch.randn(5, 7, requires_grad=True), torch.randn(5, requires_grad=True)
+    grad = torch.randn(9, 5)
+    op(x, w, b, True).backward(grad)
+    mine = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    linear(x, w, b, True).backward(grad)
+    for got, want in zip(mine, (x.grad, w.grad, b.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_it_compiles_as_one_opaque_node():
+    x, w, b = torch.randn(16, 8), torch.randn(4, 8), torch.randn(4)
+    fn = torch.compile(lambda x: op(x, w, b, True), fullgraph=True)
+    torch.testing.assert_close(fn(x), linear(x, w, b, True), rtol=1e-5, atol=1e-5)
+
+
+class MLP(nn.Module):
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(13, 64), nn.Linear(64, 48), nn.Linear(48, 1)
+        self.to(dtype)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        y = self.b(h)
+        return self.c(torch.relu(y)) + y.sum(1, keepdim=True)  # b's output has two users: its ReLU is not fused
+
+
+def replaced(model, x):
+    gm = capture(model, (x,))
+    found = list(dense.find(gm, example_values(gm, (x,)), set()))
+    for m in found:
+        (new,) = m.replace(gm)
+        m.outputs[0].replace_all_uses_with(new, delete_user_cb=lambda user, n=new: user is not n)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm, found
+
+
+def test_the_rule_takes_every_float32_layer_fusing_a_relu_it_alone_feeds():
+    model, x = MLP(), torch.randn(32, 13)
+    gm, found = replaced(model, x)
+    assert all(isinstance(m, GraphMatch) and m.tasks == () for m in found)
+    assert [m.what for m in found] == ["Linear(13, 64) + ReLU -> oneDNN linear (ReLU fused)",
+                                       "Linear(64, 48) -> oneDNN linear", "Linear(48, 1) -> oneDNN linear"]
+    calls = [n for n in gm.graph.nodes if n.target is op]
+    assert [n.args[-1] for n in calls] == [True, False, False]
+    assert sum(n.target is torch.ops.aten.relu.default for n in gm.graph.nodes) == 1  # b's stays
+    for batch in (32, 5):
+        xb = torch.randn(batch, 13)
+        torch.testing.assert_close(gm(xb), model(xb), rtol=1e-5, atol=1e-5)
+
+
+def test_layers_of_other_dtypes_are_not_its_own():
+    model = MLP(torch.float64)
+    x = torch.randn(8, 13, dtype=torch.float64)
+    assert replaced(model, x)[1] == []
+
+
+def test_its_tolerance_refuses_a_layer_without_its_relu():
+    model, x = MLP(), torch.randn(32, 13)
+    gm = capture(model, (x,))
+    values = example_values(gm, (x,))
+    first = next(iter(dense.find(gm, values, set())))
+    rtol, atol = first.tolerance
+    relu_out, linear_out = values[first.outputs[0].name], values[first.nodes[0].name]
+    assert not torch.allclose(linear_out, relu_out, rtol=rtol, atol=atol)
+
+
+def test_it_runs_after_the_int8_rule_and_without_quantize():
+    names = [r.name for r in collect_rules(quantize=True)]
+    assert names.index("qmatmul") < names.index("dense_linear") == len(names) - 1
+    assert "dense_linear" in [r.name for r in collect_rules(quantize=False)]
