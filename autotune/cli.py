@@ -12,6 +12,7 @@ import search_spaces
 from search_spaces import InvalidConfig, UnknownOperator, WorkloadError
 
 from autotune.check import DEFAULT_CASES, DEFAULT_TIMEOUT_S
+from autotune.inspect_cache import skip_moduleless_frames
 from autotune.records import ERROR_KINDS
 from autotune.rpc import RPCUnavailable
 
@@ -283,6 +284,7 @@ def _rpc(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    skip_moduleless_frames()  # `python -m autotune.cli` lowers under <frozen runpy> frames: see inspect_cache
     try:
         rc = {"list": lambda: _list(args.device), "tune": lambda: _tune(args), "best": lambda: _best(args),
               "featurize": lambda: _featurize(args),

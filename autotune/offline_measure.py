@@ -80,27 +80,52 @@ def measure_batch(batch_dir: Path) -> None:
         _write_json(progress_file, done)
 
 
-def run_batch(batch_dir: Path, timeout: float) -> None:
-    """Measure a batch in child processes until every candidate has an outcome, then publish results.json."""
+def run_batch(batch_dir: Path, timeout: float, prepare_timeout: float = 600.0) -> None:
+    """Measure a batch in child processes until every candidate has an outcome, then publish results.json.
+
+    `timeout` bounds one candidate, from the moment the child records it as being measured; starting the child
+    and making the task's data get `prepare_timeout`. (A limit on the whole child would blame whichever
+    candidate happened to run when a slow but healthy batch ran out of time.)"""
     import autotune_runtime as rt
 
     while True:
         spec = json.loads((batch_dir / BATCH).read_text())
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--one", str(batch_dir)], timeout=timeout)
-            finished = proc.returncode == 0
-            if not finished:
-                _blame_current(batch_dir, "crash", f"the measuring process died (exit {proc.returncode})")
-        except subprocess.TimeoutExpired:
-            finished = False
+        outcome = _run_child(batch_dir, timeout, prepare_timeout)
+        if outcome == "timeout":
             _blame_current(batch_dir, "timeout", f"no result within {timeout:.0f} s (hang?)")
+        elif outcome:
+            _blame_current(batch_dir, "crash", f"the measuring process died (exit {outcome})")
         progress = json.loads((batch_dir / PROGRESS).read_text()) if (batch_dir / PROGRESS).exists() else {}
-        if finished or len(progress) >= len(spec["candidates"]):
+        if outcome is None or len(progress) >= len(spec["candidates"]):
             break
     results = [dict(id=c["id"], **progress.get(str(c["id"]), {"costs": [], "error_kind": rt.HARNESS,
                                                                "error": "not measured"}))
                for c in spec["candidates"]]
     _write_json(batch_dir / RESULTS, {"format": 1, "results": results, "host": os.uname().nodename})
+
+
+def _run_child(batch_dir: Path, timeout: float, prepare_timeout: float) -> int | str | None:
+    """Run one child measuring the batch: None once it finished, its exit status if it died, "timeout" if it was
+    killed. The child rewrites the progress file as each candidate starts and ends, so the time since that
+    file's last write, while a candidate is marked in progress, is how long that candidate has run."""
+    progress_file = batch_dir / PROGRESS
+    proc = subprocess.Popen([sys.executable, __file__, "--one", str(batch_dir)])
+    started = time.time()
+    while True:
+        try:
+            code = proc.wait(timeout=0.1)
+            return None if code == 0 else code
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            since = max(started, progress_file.stat().st_mtime)
+            running = any(r.get("error") == IN_PROGRESS for r in json.loads(progress_file.read_text()).values())
+        except (OSError, ValueError):  # not written yet (or, on a shared file system, mid-copy)
+            since, running = started, False
+        if time.time() - since > (timeout if running else prepare_timeout):
+            proc.kill()
+            proc.wait()
+            return "timeout"
 
 
 def _blame_current(batch_dir: Path, kind: str, msg: str) -> None:
@@ -121,7 +146,10 @@ def pending(root: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--watch", action="store_true", help="keep measuring new batches until interrupted")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds a batch's measuring process may run")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds one candidate may run before it counts as "
+                   "hung (starting up and making the task's data do not count)")
+    p.add_argument("--prepare-timeout", type=float, default=600.0,
+                   help="seconds the measuring process may take to start and make the task's data")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one batch in this process
     args = p.parse_args(argv)
     sys.path.insert(0, str(HERE))  # the package's autotune_runtime.py and search_spaces/
@@ -139,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         for batch in pending(HERE):
             print(f"measuring {batch.name}", flush=True)
-            run_batch(batch, args.timeout)
+            run_batch(batch, args.timeout, args.prepare_timeout)
         if not args.watch:
             return 0
         time.sleep(0.5)

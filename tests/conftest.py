@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), str(
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 
+def _skip_moduleless_frames():
+    """TVMScript parses about twice as fast in this process too (pytest-xdist's `<string>` frames): see
+    autotune.inspect_cache, which the build workers and the CLI call themselves."""
+    from autotune.inspect_cache import skip_moduleless_frames
+
+    skip_moduleless_frames()
+
+
+_skip_moduleless_frames()
+
+
 @pytest.fixture(scope="session")
 def host():
     from autotune.targets import resolve
@@ -31,6 +43,98 @@ def gpu_builder():
 
     with Builder(timeout=300) as builder:
         yield builder
+
+
+@pytest.fixture(scope="session")
+def cpu_builder():
+    """One CPU build pool with Builder()'s defaults (a worker per core, 60 s timeout) for the tests whose subject
+    is not the pool itself: every Builder() (and every export() or tune() given none) starts fresh workers, each
+    importing TVM (~5 s apiece on 2 cores). A test that needs fresh workers (another PYTHONPATH, the pool's own
+    behaviour) makes its own."""
+    from autotune.build import Builder
+
+    with Builder() as builder:
+        yield builder
+
+
+@pytest.fixture(scope="session")
+def local_runner():
+    """One measure worker for the tests whose subject is not the runner's process: use it through
+    `RunnerView(local_runner, timing, timeout)`, which measures with the view's own timing and timeout."""
+    from autotune.measure import LocalRunner
+
+    runner = LocalRunner()
+    yield runner
+    runner.close()
+
+
+class RunnerView:
+    """A LocalRunner's worker process shared, with this view's timing and timeout for each `measure`, and a
+    `close()` that leaves the worker running (the session closes it). Which task's data the worker holds stays
+    the shared runner's state, so views never measure against another task's data."""
+
+    def __init__(self, shared, timing=None, timeout=30.0):
+        from autotune.measure import Timing
+
+        self.shared, self.timing, self.timeout = shared, timing or Timing(), timeout
+
+    def measure(self, task, built):
+        saved = self.shared.timing, self.shared.timeout
+        self.shared.timing, self.shared.timeout = self.timing, self.timeout
+        try:
+            return self.shared.measure(task, built)
+        finally:
+            self.shared.timing, self.shared.timeout = saved
+
+    def close(self):
+        pass
+
+
+class SharedPool:
+    """A build pool handed to code that closes what it is given (tune's or export's own): `close()` leaves it
+    running for the next test."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def close(self):
+        pass
+
+
+@contextlib.contextmanager
+def default_pools(builder, runner=None):
+    """While open, the pools that tune(), tune_model(), export() and dry_run() make for themselves when given
+    none (`Builder()`, `LocalRunner(timing)`) are `builder` and a RunnerView of `runner` (their `close()` leaves
+    them running): the same classes and settings, without fresh processes that import TVM. A pool made with
+    arguments is made as asked; without `runner`, runners are made as asked too. Yields how many of each were
+    asked for ({"builders": n, "runners": n})."""
+    from autotune import build, measure, tuner
+    from autotune.measure import Timing
+
+    Builder, LocalRunner = build.Builder, measure.LocalRunner
+    asked = {"builders": 0, "runners": 0}
+
+    def shared_builder(*args, **kw):
+        asked["builders"] += 1
+        return Builder(*args, **kw) if args or kw else SharedPool(builder)
+
+    def shared_runner(timing=None, *args, **kw):
+        asked["runners"] += 1
+        return LocalRunner(timing or Timing(), *args, **kw) if args or kw else RunnerView(runner, timing)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(tuner, "Builder", shared_builder)
+    mp.setattr(build, "Builder", shared_builder)  # export's and tune_model's `from .build import Builder`
+    if runner is not None:
+        mp.setattr(tuner, "LocalRunner", shared_runner)
+        mp.setattr(measure, "LocalRunner", shared_runner)  # tune_model's `from ..measure import LocalRunner`
+    try:
+        yield asked
+    finally:
+        mp.undo()
 
 
 def load_counting(path):

@@ -24,11 +24,11 @@ DIM = 16
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory):
+def package(tmp_path_factory, cpu_builder):
     task = make_task("batched_embedding_bag", "cpu", shape=TEMPLATE.TEST_SHAPE)
     assert task.workload.rows == ROWS and task.workload.dim == DIM
     out = tmp_path_factory.mktemp("tbe_pkg")
-    export([task.record(task.space.default(), costs=(0.0,))], out)
+    export([task.record(task.space.default(), costs=(0.0,))], out, builder=cpu_builder)
     return out
 
 

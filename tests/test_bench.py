@@ -27,9 +27,12 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def log(tmp_path_factory):
+def log(tmp_path_factory, cpu_builder, local_runner):
+    from conftest import default_pools
+
     path = tmp_path_factory.mktemp("logs") / "eb.jsonl"
-    autotune.tune("embedding_bag", "cpu", log=path, trials=2, strategy="random", shape=SHAPE, progress=False)
+    with default_pools(cpu_builder, local_runner):  # the session's pools: no fresh TVM processes to start
+        autotune.tune("embedding_bag", "cpu", log=path, trials=2, strategy="random", shape=SHAPE, progress=False)
     return path
 
 

@@ -23,3 +23,39 @@ def test_builds_carry_program_features_and_featurize_lowers_only():
         foreign = make_task("embedding_bag", "cpu", shape="rows=10,dim=8,batch=2,pooling=1").space.default()
         feats = builder.featurize(task, [*configs, foreign])  # one that does not lower: {}
     assert feats[:2] == [b.features for b in built] and feats[2] == {}
+
+
+def _pseudo_file_module(name):
+    """What inspect.getmodule answers for an object compiled from pseudo-file `name`, in this process."""
+    import inspect
+
+    code = compile("def f():\n    pass\n", name, "exec")
+    scope = {}
+    exec(code, scope)
+    return inspect.getmodule(scope["f"])
+
+
+def _cached_module_name(name):
+    import inspect
+
+    return inspect.modulesbyfile.get(name)
+
+
+def test_build_workers_skip_the_module_rescan_of_moduleless_frames():
+    """TVMScript's parser asks inspect.getmodule about every frame on the stack; for the pseudo-files under the
+    build workers' stacks it would rescan sys.modules each time. The workers record them once (as owned by no
+    module): getmodule answers what it answered before, None, from the cache."""
+    import inspect
+
+    from autotune.inspect_cache import skip_moduleless_frames
+
+    assert _pseudo_file_module("<a pseudo file>") is None
+    skip_moduleless_frames()
+    assert inspect.modulesbyfile["<frozen runpy>"].startswith("<no module")
+    assert _pseudo_file_module("<string>") is None and _pseudo_file_module("<frozen runpy>") is None
+    assert not any(not name.startswith("<") and mod.startswith("<no module") for name, mod in
+                   inspect.modulesbyfile.items())  # real files keep their modules
+    with Builder(workers=1) as builder:
+        pool = builder._started()
+        assert pool._initializer is skip_moduleless_frames
+        assert pool.submit(_cached_module_name, "<frozen runpy>").result().startswith("<no module")

@@ -23,10 +23,10 @@ KERNELS = [dict(rows=50, dim=8, batch=8, pooling=(0, 5)), dict(rows=50, dim=8, b
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory):
+def package(tmp_path_factory, cpu_builder):
     out = tmp_path_factory.mktemp("pkg")
     tasks = [make_task("embedding_bag", "cpu", **fields) for fields in KERNELS]
-    export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out)
+    export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out, builder=cpu_builder)
     return out
 
 

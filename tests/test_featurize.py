@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from autotune import records
-from autotune.build import Builder
 from autotune.cli import main
 from autotune.featurize import add_program_features, record_device
 from autotune.targets import resolve
@@ -25,7 +24,7 @@ def _line(r: records.Record) -> str:
     return json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n"
 
 
-def test_records_gain_features_and_every_other_byte_is_kept(tmp_path, capsys):
+def test_records_gain_features_and_every_other_byte_is_kept(tmp_path, capsys, cpu_builder):
     task = make_task("templates.faulty", "cpu", shape="n=64")
     a, b = (c for c in task.space if c.to_json()["fault"] == "none")
     foreign = make_task("embedding_bag", "cpu", shape="rows=10,dim=8,batch=2,pooling=1").space.default()
@@ -36,17 +35,17 @@ def test_records_gain_features_and_every_other_byte_is_kept(tmp_path, capsys):
     log = tmp_path / "log.jsonl"
     log.write_text(_line(first) + keep[0] + _line(again) + keep[1] + keep[2])
     log.chmod(0o640)
-    with Builder(workers=1) as builder:
-        assert add_program_features(log, builder) == 2
-        lines = log.read_text().splitlines(keepends=True)
-        assert [lines[1], lines[3], lines[4]] == keep
-        for old, new in ((first, lines[0]), (again, lines[2])):
-            d = json.loads(new)
-            assert d["features_version"] == PROGRAM_FEATURES_VERSION and d["features"]["p.stores"] >= 1
-            assert {k: v for k, v in d.items() if k not in NEW} == json.loads(_line(old))
-        assert (log.stat().st_mode & 0o777) == 0o640 and [p.name for p in tmp_path.iterdir()] == ["log.jsonl"]
-        assert add_program_features(log, builder) == 0  # nothing left to do: the log is not rewritten
-        assert add_program_features(log, builder, include_stale=True) == 1  # today's lowering of the stale one
+    builder = cpu_builder  # the session's pool: the features come from its workers all the same
+    assert add_program_features(log, builder) == 2
+    lines = log.read_text().splitlines(keepends=True)
+    assert [lines[1], lines[3], lines[4]] == keep
+    for old, new in ((first, lines[0]), (again, lines[2])):
+        d = json.loads(new)
+        assert d["features_version"] == PROGRAM_FEATURES_VERSION and d["features"]["p.stores"] >= 1
+        assert {k: v for k, v in d.items() if k not in NEW} == json.loads(_line(old))
+    assert (log.stat().st_mode & 0o777) == 0o640 and [p.name for p in tmp_path.iterdir()] == ["log.jsonl"]
+    assert add_program_features(log, builder) == 0  # nothing left to do: the log is not rewritten
+    assert add_program_features(log, builder, include_stale=True) == 1  # today's lowering of the stale one
     with pytest.warns(records.CorruptLogWarning):  # the torn line, counted by the summary's load
         assert main(["featurize", str(log), "--workers", "1"]) == 0
     assert "0 records gained program features; 3 of 4 carry them" in capsys.readouterr().out

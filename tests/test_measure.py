@@ -1,19 +1,17 @@
 import torch
 
-from autotune.build import Builder
 from autotune.measure import LocalRunner, Timing, mismatch
 from autotune.task import make_task
 
 
-def test_measures_correct_candidates_and_flags_wrong_ones():
+def test_measures_correct_candidates_and_flags_wrong_ones(cpu_builder):
     task = make_task("templates.faulty", "cpu", shape="n=64")
     cfgs = [c for c in task.space if c.as_dict()["fault"] in ("none", "wrong")]
-    with Builder(workers=2) as builder:
-        runner = LocalRunner(Timing(number=2, repeat=3, min_repeat_ms=1), timeout=30)
-        try:
-            out = runner.measure(task, builder.build(task, cfgs))
-        finally:
-            runner.close()
+    runner = LocalRunner(Timing(number=2, repeat=3, min_repeat_ms=1), timeout=30)
+    try:
+        out = runner.measure(task, cpu_builder.build(task, cfgs))
+    finally:
+        runner.close()
     for m in out:
         if m.built.config.as_dict()["fault"] == "none":
             assert m.error_kind is None and len(m.costs) == 3 and all(c > 0 for c in m.costs)
@@ -28,18 +26,17 @@ def test_mismatch_reports_shape_and_value_differences():
     assert "max abs error 1" in mismatch(task, torch.ones(4), torch.zeros(4))
 
 
-def test_a_task_whose_data_cannot_be_made_is_a_harness_error_for_each_candidate():
+def test_a_task_whose_data_cannot_be_made_is_a_harness_error_for_each_candidate(cpu_builder):
     """Inputs for n=-1 cannot be made (torch.arange(-1)): the machinery failed, not the candidates."""
     task = make_task("templates.faulty", "cpu", shape="n=8")
     unpreparable = make_task("templates.faulty", "cpu", shape="n=-1")
     cfgs = [c for c in task.space if c.as_dict()["fault"] == "none"]
-    with Builder(workers=1) as builder:
-        runner = LocalRunner(Timing(number=1, repeat=1, min_repeat_ms=1), timeout=30)
-        try:
-            out = runner.measure(unpreparable, builder.build(task, cfgs))
-            good = runner.measure(task, builder.build(task, cfgs[:1]))  # the runner recovers for the next task
-        finally:
-            runner.close()
+    runner = LocalRunner(Timing(number=1, repeat=1, min_repeat_ms=1), timeout=30)
+    try:
+        out = runner.measure(unpreparable, cpu_builder.build(task, cfgs))
+        good = runner.measure(task, cpu_builder.build(task, cfgs[:1]))  # the runner recovers for the next task
+    finally:
+        runner.close()
     assert [m.error_kind for m in out] == ["harness"] * len(cfgs)
     assert all("making the task's inputs failed" in m.error for m in out)
     assert good[0].error_kind is None and good[0].costs

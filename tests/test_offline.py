@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from autotune import records
-from autotune.build import Builder
 from autotune.measure import Timing
 from autotune.offline import OfflineRunner, OfflineTimeout
 from autotune.task import make_task
@@ -30,7 +29,7 @@ def run_measure(root, tmp_path, *args):
                           timeout=300, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"})
 
 
-def test_faults_are_recorded_and_every_candidate_measured_once(tmp_path):
+def test_faults_are_recorded_and_every_candidate_measured_once(tmp_path, cpu_builder):
     task = make_task("templates.faulty", "cpu", shape="n=64")
     configs = list(task.space)  # none/wrong (two lane widths each), crash, hang
     root = tmp_path / "farm"
@@ -38,8 +37,7 @@ def test_faults_are_recorded_and_every_candidate_measured_once(tmp_path):
     result = {}
 
     def tuner():
-        with Builder(workers=2) as builder:
-            result["measured"] = runner.measure(task, builder.build(task, configs))
+        result["measured"] = runner.measure(task, cpu_builder.build(task, configs))
 
     thread = threading.Thread(target=tuner)
     thread.start()
@@ -57,7 +55,7 @@ def test_faults_are_recorded_and_every_candidate_measured_once(tmp_path):
     assert len(result["measured"]) == len(configs)
 
 
-def test_tuning_through_a_directory_resumes_from_the_log(tmp_path):
+def test_tuning_through_a_directory_resumes_from_the_log(tmp_path, cpu_builder):
     task = make_task("embedding_bag", "cpu", rows=300, dim=16, batch=32, pooling=(1, 6))
     root, log = tmp_path / "farm", tmp_path / "eb.jsonl"
     watcher = {}
@@ -72,7 +70,8 @@ def test_tuning_through_a_directory_resumes_from_the_log(tmp_path):
     runner._prepare(task)  # so the watcher has its script before the first batch
     measure_until_done()
     try:
-        res = tune(task, trials=4, log=log, batch_size=2, runner=runner, timing=FAST, progress=False, confirm=0)
+        res = tune(task, trials=4, log=log, batch_size=2, runner=runner, timing=FAST, progress=False, confirm=0,
+                   builder=cpu_builder)
     finally:
         watcher["proc"].kill()
         out = watcher["proc"].communicate()[0]
@@ -81,11 +80,11 @@ def test_tuning_through_a_directory_resumes_from_the_log(tmp_path):
     assert len(list(records.load(log))) == 4
 
 
-def test_waiting_gives_up_with_a_clear_error(tmp_path):
+def test_waiting_gives_up_with_a_clear_error(tmp_path, cpu_builder):
     task = make_task("templates.faulty", "cpu", shape="n=8")
     runner = OfflineRunner(tmp_path, FAST, poll_s=0.05, wait_s=0.2, say=lambda msg: None)
-    with Builder(workers=1) as builder, pytest.raises(OfflineTimeout, match="rerun the same command"):
-        runner.measure(task, builder.build(task, [task.space.default()]))
+    with pytest.raises(OfflineTimeout, match="rerun the same command"):
+        runner.measure(task, cpu_builder.build(task, [task.space.default()]))
 
 
 def test_a_results_file_still_being_copied_is_waited_for(tmp_path):
@@ -98,14 +97,13 @@ def test_a_results_file_still_being_copied_is_waited_for(tmp_path):
     assert runner._wait(partial) == {"format": 1, "results": []}
 
 
-def test_a_task_whose_data_cannot_be_made_on_the_device_is_a_harness_error(tmp_path):
+def test_a_task_whose_data_cannot_be_made_on_the_device_is_a_harness_error(tmp_path, cpu_builder):
     """Inputs for n=-1 cannot be made (torch.arange(-1)) by measure.py: the candidates are not to blame."""
     task = make_task("templates.faulty", "cpu", shape="n=8")
     cfgs = [c for c in task.space if c.as_dict()["fault"] == "none"]
     root = tmp_path / "farm"
     runner = OfflineRunner(root, FAST, poll_s=0.2, wait_s=300, say=lambda msg: None)
-    with Builder(workers=1) as builder:
-        runner.write_batch(make_task("templates.faulty", "cpu", shape="n=-1"), builder.build(task, cfgs))
+    runner.write_batch(make_task("templates.faulty", "cpu", shape="n=-1"), cpu_builder.build(task, cfgs))
     proc = run_measure(root, tmp_path)
     assert proc.returncode == 0, proc.stderr
     results = runner._wait(root / "batch-0000" / "results.json")["results"]

@@ -27,10 +27,10 @@ print("tvm" in sys.modules)
 """
 
 
-def test_exported_cpu_kernels_run_and_check_without_the_tvm_compiler(tmp_path):
+def test_exported_cpu_kernels_run_and_check_without_the_tvm_compiler(tmp_path, cpu_builder):
     task = make_task("embedding_bag", "cpu", rows=100, dim=16, batch=8, pooling=(0, 5), mode="mean")
     rec = task.record(task.space.default(), costs=(1e-5,), error_kind=None, error=None, build_s=0.1)
-    manifest = export([rec], tmp_path / "pkg")
+    manifest = export([rec], tmp_path / "pkg", builder=cpu_builder)  # (export's own pool: test_torch_ops)
     assert read_manifest(tmp_path / "pkg") == manifest
     (entry,) = manifest["kernels"]
     assert entry["op"] == "embedding_bag" and entry["config"] == rec.config and entry["latency_s"] == 1e-5
@@ -57,10 +57,10 @@ def test_reading_a_broken_package_is_a_clear_error(tmp_path):
         read_manifest(tmp_path)
 
 
-def test_gpu_packages_carry_cubins_and_the_cuda_runtime(tmp_path):
+def test_gpu_packages_carry_cubins_and_the_cuda_runtime(tmp_path, gpu_builder):
     task = make_task("embedding_bag", "cuda:sm_90", rows=100, dim=32, batch=8, pooling=(0, 5))
     rec = task.record(task.space.default(), costs=(2e-6,), error_kind=None, error=None, build_s=0.1)
-    (entry,) = export([rec], tmp_path / "pkg")["kernels"]
+    (entry,) = export([rec], tmp_path / "pkg", builder=gpu_builder)["kernels"]
     lib = tmp_path / "pkg" / "lib"
     assert entry["device"] == "cuda:sm_90"
     assert (lib / "libtvm_runtime_cuda.so").exists() and list(lib.glob("libcudart.so.*"))

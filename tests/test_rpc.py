@@ -12,7 +12,6 @@ import time
 import pytest
 
 from autotune import records
-from autotune.build import Builder
 from autotune.cli import main
 from autotune.measure import Timing
 from autotune.rpc import Farm, RPCRunner, StockServer, parse_tracker, servers, tracker_summary
@@ -141,7 +140,7 @@ def test_status_shows_the_servers_per_key(farm, capsys):
     assert f"127.0.0.1:{farm.first_port}" in out and f"127.0.0.1:{farm.second_port}" in out
 
 
-def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
+def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path, cpu_builder):
     """A server dies as its candidate is sent; that candidate is measured on the other server, the run
     finishes, and the log holds every trial exactly once."""
     task = make_task("embedding_bag", "cpu", rows=200, dim=8, batch=16, pooling=(1, 6))
@@ -155,7 +154,8 @@ def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
 
     runner = RPCRunner(farm.url(), FAST, timeout=60, say=said.append, on_dispatch=on_dispatch)
     try:
-        res = tune(task, trials=8, log=log, batch_size=4, runner=runner, timing=FAST, progress=False, seed=1, confirm=0)
+        res = tune(task, trials=8, log=log, batch_size=4, runner=runner, timing=FAST, progress=False, seed=1, confirm=0,
+                   builder=cpu_builder)
     finally:
         runner.close()
     recs = list(records.load(log))
@@ -170,13 +170,12 @@ def test_tuning_survives_a_server_killed_mid_run(farm, tmp_path):
     assert servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY) == [("127.0.0.1", farm.second_port)]
 
 
-def test_a_crashing_candidate_is_recorded_and_its_server_serves_on(farm):
+def test_a_crashing_candidate_is_recorded_and_its_server_serves_on(farm, cpu_builder):
     task = make_task("templates.faulty", "cpu", shape="n=64")
     cfgs = [c for c in task.space if c.as_dict()["fault"] != "hang"]
     runner = RPCRunner(farm.url(), FAST, timeout=60, say=lambda msg: None)
     try:
-        with Builder(workers=2) as builder:
-            out = runner.measure(task, builder.build(task, cfgs))
+        out = runner.measure(task, cpu_builder.build(task, cfgs))
     finally:
         runner.close()
     kinds = {(m.built.config.as_dict()["fault"], m.built.config.as_dict()["lanes"]): m for m in out}
@@ -186,29 +185,28 @@ def test_a_crashing_candidate_is_recorded_and_its_server_serves_on(farm):
     assert ("127.0.0.1", farm.second_port) in servers(tracker_summary("127.0.0.1", farm.tracker_port), KEY)
 
 
-def test_a_task_whose_data_cannot_be_made_on_the_server_is_a_harness_error(farm):
+def test_a_task_whose_data_cannot_be_made_on_the_server_is_a_harness_error(farm, cpu_builder):
     """Inputs for n=-1 cannot be made (torch.arange(-1)) on the server: no candidate is to blame."""
     task = make_task("templates.faulty", "cpu", shape="n=8")
     cfgs = [c for c in task.space if c.as_dict()["fault"] == "none"]
     runner = RPCRunner(farm.url(), FAST, timeout=60, say=lambda msg: None)
     try:
-        with Builder(workers=1) as builder:
-            out = runner.measure(make_task("templates.faulty", "cpu", shape="n=-1"), builder.build(task, cfgs))
+        out = runner.measure(make_task("templates.faulty", "cpu", shape="n=-1"), cpu_builder.build(task, cfgs))
     finally:
         runner.close()
     assert [m.error_kind for m in out] == ["harness"] * len(cfgs)
     assert all("making the task's inputs on the RPC server failed" in m.error for m in out)
 
 
-def test_the_stock_tvm_server_is_refused_with_what_to_run_instead(farm):
+def test_the_stock_tvm_server_is_refused_with_what_to_run_instead(farm, cpu_builder):
     """It could only time with time_evaluator, not the call path users run: refused, not measured otherwise."""
     farm.popen["stock"] = farm._start("stock")
     farm.wait_for(1, key=STOCK)
     task = make_task("templates.faulty", "cpu", shape="n=8")
     runner = RPCRunner(farm.url(STOCK), FAST, timeout=60, say=lambda msg: None)
     try:
-        with Builder(workers=1) as builder, pytest.raises(StockServer, match="autotune rpc server --tracker"):
-            runner.measure(task, builder.build(task, [task.space.default()]))
+        with pytest.raises(StockServer, match="autotune rpc server --tracker"):
+            runner.measure(task, cpu_builder.build(task, [task.space.default()]))
     finally:
         runner.close()
         farm.kill("stock")

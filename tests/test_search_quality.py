@@ -209,8 +209,13 @@ def test_transfer_log_drops_the_benchmarked_workload(tmp_path):
 
 
 # ---- one real run -------------------------------------------------------------------------------------------
-def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys):
+def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch, cpu_builder, local_runner):
     import search_spaces
+    from conftest import RunnerView, SharedPool
+
+    # the benchmark's Builder() and LocalRunner(timing): the session's pool and measure worker, not fresh ones
+    monkeypatch.setattr(sq, "Builder", lambda: SharedPool(cpu_builder))
+    monkeypatch.setattr(sq, "LocalRunner", lambda timing: RunnerView(local_runner, timing))
 
     shape = search_spaces.get("quantize_rows").TEST_SHAPE
     other = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")

@@ -41,11 +41,11 @@ KERNELS = [
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory):
+def package(tmp_path_factory, cpu_builder):
     out = tmp_path_factory.mktemp("pkg")
     tasks = [make_task(op, "cpu", **fields) for op, fields in KERNELS]
     recs = [t.record(t.space.default(), costs=(1e-5,)) for t in tasks]
-    manifest = export(recs, out, speedups={recs[0].task: 1.5})
+    manifest = export(recs, out, builder=cpu_builder, speedups={recs[0].task: 1.5})
     assert [e["speedup_vs_torch"] for e in manifest["kernels"]][:2] == [1.5, None]
     return out
 
@@ -518,12 +518,12 @@ def test_load_refuses_kernels_built_by_other_template_code(package, tmp_path, ol
     assert len(at.REGISTRY.packages) == loaded  # nothing of it was loaded
 
 
-def test_export_records_the_code_that_built_a_kernel_from_a_stale_record(tmp_path):
+def test_export_records_the_code_that_built_a_kernel_from_a_stale_record(tmp_path, cpu_builder):
     """A record timed by older code (`autotune export --include-stale`) is rebuilt by today's code, which is
     what the manifest's template_version names; the record's own version is kept beside it, and it loads."""
     task = make_task("interaction", "cpu", batch=8, tables=3, dim=8)
     (entry,) = export([task.record(task.space.default(), costs=(1e-5,), template_version="0ld0ld0ld0ld")],
-                      tmp_path)["kernels"]
+                      tmp_path, builder=cpu_builder)["kernels"]
     assert entry["template_version"] == task.template_version != "0ld0ld0ld0ld"
     assert entry["record_template_version"] == "0ld0ld0ld0ld"
     try:
@@ -560,14 +560,28 @@ def test_default_package_from_the_environment(package, monkeypatch):
     at.unload_all()
 
 
-def test_export_bench_records_the_speedup_over_pytorch(tmp_path, capsys):
-    from autotune import records
-    from autotune.cli import main
+def test_export_bench_records_the_speedup_over_pytorch(tmp_path, capsys, monkeypatch, cpu_builder):
+    from conftest import default_pools
 
+    from autotune import bench as bench_module, records
+    from autotune.cli import main
+    from autotune.runtime import Timing
+
+    real, benched = bench_module.bench, []
+
+    def quick_bench(task, logs, **kw):
+        """The real bench, on a smaller budget: 1 round of ~10 ms per contender (not 3 of ~0.5 s), no roofline
+        (the speed-up does not use it); what export --bench records of it is what this test checks."""
+        benched.append(task.op)
+        return real(task, logs, rounds=1, timing=Timing(number=1, repeat=2, min_repeat_ms=5.0), roof=False, **kw)
+
+    monkeypatch.setattr(bench_module, "bench", quick_bench)  # export --bench imports it when it runs
     task = make_task("embedding_bag", "cpu", rows=100, dim=8, batch=16, pooling=(1, 4))
     records.append(tmp_path / "eb.jsonl", [task.record(task.space.default(), costs=(2e-5,))])
-    assert main(["export", "--log", str(tmp_path / "eb.jsonl"), "--out", str(tmp_path / "pkg"), "--bench"]) == 0
+    with default_pools(cpu_builder):  # export's own Builder() is the session's pool (its own: test_an_out_of_tree_...)
+        assert main(["export", "--log", str(tmp_path / "eb.jsonl"), "--out", str(tmp_path / "pkg"), "--bench"]) == 0
     (entry,) = read_manifest(tmp_path / "pkg")["kernels"]
+    assert benched == ["embedding_bag"]
     assert entry["speedup_vs_torch"] > 0 and "x PyTorch" in capsys.readouterr().out
 
 

@@ -413,13 +413,27 @@ def test_example_inputs_that_fail_raise_the_model_own_error(model, tmp_path, bad
 
 # ---- end to end on the operators' own rules (tunes and compiles kernels) ------------------------------------------
 @pytest.fixture(scope="module")
-def fp32_run(tmp_path_factory):
+def shared_workers(cpu_builder, local_runner):
+    """The session's build pool and measure worker in place of the one of each a tune_model call starts (each a
+    fresh process importing TVM, ~5 s apiece on 2 cores): the same classes and settings. Yields how many
+    tune_model asked for."""
+    from conftest import default_pools
+
+    with default_pools(cpu_builder, local_runner) as asked:
+        yield asked
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory, shared_workers):
     torch.manual_seed(0)
     m = TinyDLRM().eval()
     args = make_batch(m, BATCH)
     log_dir = tmp_path_factory.mktemp("tune_model_fp32")
+    before = dict(shared_workers)
     opt, report = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False,
                                 bench_rounds=1, bench_seconds=0.05, require_speedup=False)  # tiny: may lose
+    # every task and the export share one build pool and one measure worker
+    assert {k: shared_workers[k] - before[k] for k in before} == {"builders": 1, "runners": 1}
     return m, args, opt, report, log_dir
 
 
@@ -444,12 +458,14 @@ def test_tiny_dlrm_end_to_end_fp32(fp32_run):
 
 
 @pytest.mark.slow
-def test_a_second_call_with_the_same_logs_tunes_nothing(fp32_run):
+def test_a_second_call_with_the_same_logs_tunes_nothing(fp32_run, shared_workers):
     m, args, opt, report, log_dir = fp32_run
     manifest = (log_dir / "package" / "manifest.json").stat().st_mtime_ns
+    before = dict(shared_workers)
     opt2, again = at.tune_model(m, args, log_dir=log_dir, trials=2, quantize=False, progress=False, bench_rounds=0,
                                 require_speedup=False)
     assert again.measured == 0 and all(t.resumed >= 2 for t in again.tasks)
+    assert shared_workers == before  # nothing to tune or export: no pool nor worker started
     assert not again.exported and (log_dir / "package" / "manifest.json").stat().st_mtime_ns == manifest
     assert [r.rule for r in again.replaced] == [r.rule for r in report.replaced]
     with torch.inference_mode():
@@ -457,7 +473,7 @@ def test_a_second_call_with_the_same_logs_tunes_nothing(fp32_run):
 
 
 @pytest.mark.slow
-def test_tiny_dlrm_int8(model, tmp_path):
+def test_tiny_dlrm_int8(model, tmp_path, shared_workers):
     """The int8 rule alone (the fp32 test covers the others): its layer runs quantize_rows + qmatmul kernels."""
     import search_spaces
 

@@ -7,8 +7,7 @@ import torch
 
 import autotune
 from autotune import records
-from autotune.build import Builder
-from autotune.measure import LocalRunner, Timing
+from autotune.measure import Timing
 from autotune.task import make_task
 from autotune.tuner import tune
 
@@ -17,24 +16,27 @@ SHAPE = "rows=500,dim=16,batch=32,pooling=0-12,dist=zipf:1.1"
 
 
 @pytest.fixture(scope="module")
-def workers():
-    builder, runner = Builder(timeout=60), LocalRunner(FAST, timeout=20)
-    yield builder, runner
-    builder.close()
-    runner.close()
+def workers(cpu_builder, local_runner):
+    """The session's build pool (Builder(timeout=60)'s settings) and its measure worker, measuring with FAST and a
+    20 s timeout: the same settings as a pool and runner of this module's own, without their start-up."""
+    from conftest import RunnerView
+
+    return cpu_builder, RunnerView(local_runner, FAST, timeout=20)
 
 
 def test_short_run_logs_a_best_config_that_rebuilds_and_matches_torch(tmp_path, workers):
     log = tmp_path / "eb.jsonl"
     task = make_task("embedding_bag", "cpu", shape=SHAPE)
-    res = tune(task, trials=12, log=log, batch_size=6, builder=workers[0], runner=workers[1], progress=False)
-    assert res.measured == 12 and res.best is not None and res.best.ok
-    assert len(res.curve) == 12 and res.curve == sorted(res.curve, reverse=True)
+    # 2 batches of 4 (each proposed by the cost model, warm from the shipped logs, and reranked on program
+    # features), then the 3 leaders again
+    res = tune(task, trials=8, log=log, batch_size=4, builder=workers[0], runner=workers[1], progress=False)
+    assert res.measured == 8 and res.best is not None and res.best.ok
+    assert len(res.curve) == 8 and res.curve == sorted(res.curve, reverse=True)
     logged = list(records.load(log))
-    assert len(logged) == 12 + 3 and all(r.ok for r in logged)
-    assert len({r.config_key for r in logged}) == 12  # the 3 fastest were measured once more, before stopping
-    leaders = sorted(logged[:12], key=lambda r: r.latency)[:3]
-    assert {r.config_key for r in logged[12:]} == {r.config_key for r in leaders}
+    assert len(logged) == 8 + 3 and all(r.ok for r in logged)
+    assert len({r.config_key for r in logged}) == 8  # the 3 fastest were measured once more, before stopping
+    leaders = sorted(logged[:8], key=lambda r: r.latency)[:3]
+    assert {r.config_key for r in logged[8:]} == {r.config_key for r in leaders}
     pooled = records.best(logged, task.op, task.workload_key, task.device.name)  # leaders' costs pooled
     assert (res.best.config_key, sorted(res.best.costs)) == (pooled.config_key, sorted(pooled.costs))
     assert len(pooled.costs) in (len(leaders[0].costs), 2 * len(leaders[0].costs))
@@ -47,35 +49,36 @@ def test_short_run_logs_a_best_config_that_rebuilds_and_matches_torch(tmp_path, 
 def test_resume_measures_nothing_twice(tmp_path, workers):
     log = tmp_path / "eb.jsonl"
     task = make_task("embedding_bag", "cpu", shape=SHAPE)
-    first = tune(task, trials=6, log=log, batch_size=6, strategy="random", builder=workers[0],
+    first = tune(task, trials=4, log=log, batch_size=4, strategy="random", builder=workers[0],
                  runner=workers[1], progress=False)
-    second = tune(task, trials=6, log=log, batch_size=6, strategy="xgb", builder=workers[0],
+    second = tune(task, trials=4, log=log, batch_size=4, strategy="xgb", builder=workers[0],
                   runner=workers[1], progress=False)
-    assert first.resumed == 0 and second.resumed == 6
+    assert first.resumed == 0 and second.resumed == 4
     keys = [r.config_key for r in records.load(log)]
-    assert len(keys) == 12 + 2 * 3 and len(set(keys)) == 12  # each run measured its 3 leaders again
+    assert len(keys) == 8 + 2 * 3 and len(set(keys)) == 8  # each run measured its 3 leaders again
 
 
 def test_resume_on_a_nearly_exhausted_space_stops_cleanly(tmp_path, workers):
+    # the crashing and the hanging config pre-recorded (as the tests below do): measuring them is the test
+    # below's subject, and the hang would cost the runner's whole timeout (20 s)
     log = tmp_path / "f.jsonl"
     task = make_task("templates.faulty", "cpu", shape="n=64")
     good = [c for c in task.space if c.as_dict()["fault"] == "none"]
-    records.append(log, [task.record(c, costs=(1e-6,)) for c in good])
+    (crash,), (hang,) = ([c for c in task.space if c.as_dict()["fault"] == f] for f in ("crash", "hang"))
+    records.append(log, [task.record(c, costs=(1e-6,)) for c in good] + [
+        task.record(crash, error_kind="crash", error="x"), task.record(hang, error_kind="timeout", error="x")])
     res = tune(task, trials=50, log=log, strategy="random", builder=workers[0], runner=workers[1],
                progress=False)
-    assert res.resumed == 2 and res.measured == len(task.space) - 2
+    assert res.resumed == 4 and res.measured == len(task.space) - 4 == 2  # the two wrong ones, then no more
 
 
-def test_crashing_hanging_and_wrong_candidates_become_error_records(tmp_path):
+def test_crashing_hanging_and_wrong_candidates_become_error_records(tmp_path, cpu_builder, local_runner):
+    from conftest import RunnerView
+
     log = tmp_path / "faulty.jsonl"
     task = make_task("templates.faulty", "cpu", shape="n=64")
-    with Builder(timeout=60) as builder:
-        runner = LocalRunner(FAST, timeout=4)
-        try:
-            res = tune(task, trials=100, log=log, strategy="random", batch_size=8, builder=builder,
-                       runner=runner, progress=False)
-        finally:
-            runner.close()
+    res = tune(task, trials=100, log=log, strategy="random", batch_size=8, builder=cpu_builder,
+               runner=RunnerView(local_runner, FAST, timeout=4), progress=False)
     kinds = {json.dumps(r.config, sort_keys=True): r.error_kind for r in records.load(log)}
     assert res.measured == 6 == len(kinds)
     by_fault = {}

@@ -151,10 +151,11 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
         return model, report
     report.tasks = _tasks(found.matches, node_times(gm, args))
     log_dir = Path(log_dir)
-    _tune_all(report.tasks, device, log_dir, trials, shipped, progress)
-    best = [t.record for t in report.tasks if t.record is not None]
-    if best:
-        report.package, report.exported = _package(best, log_dir / "package")
+    with _Workers() as workers:
+        _tune_all(report.tasks, device, log_dir, trials, shipped, progress, workers)
+        best = [t.record for t in report.tasks if t.record is not None]
+        if best:
+            report.package, report.exported = _package(best, log_dir / "package", workers)
     check = (speed or SpeedCheck()) if require_speedup else None
     done = rewrite(gm, args, ruleset, _ready(report.tasks), check)
     if check is not None:
@@ -188,8 +189,42 @@ def _tasks(matches: Sequence[GraphMatch], times: dict[str, float]) -> list[TaskR
     return sorted(out.values(), key=lambda t: -t.share)
 
 
+class _Workers:
+    """One build pool and one measure worker for all of a call's tasks and its export, each started when first
+    needed: every pool or worker is a process that imports TVM (about 5 s apiece on 2 cores), which `tune` and
+    `export` would otherwise start afresh for each task. The measure worker holds one task's data at a time and
+    makes the next task's when it comes (as for any run)."""
+
+    def __init__(self) -> None:
+        self._builder: Any = None
+        self._runner: Any = None
+
+    def builder(self) -> Any:
+        if self._builder is None:
+            from ..build import Builder
+
+            self._builder = Builder()
+        return self._builder
+
+    def runner(self) -> Any:
+        if self._runner is None:
+            from ..measure import LocalRunner
+
+            self._runner = LocalRunner()  # tune's own default timing
+        return self._runner
+
+    def __enter__(self) -> "_Workers":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            self._runner.close()
+        if self._builder is not None:
+            self._builder.close()
+
+
 def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, shipped: bool,
-              progress: bool) -> None:
+              progress: bool, workers: _Workers) -> None:
     from tqdm import tqdm
 
     if progress:
@@ -199,14 +234,16 @@ def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, 
     try:
         for t in bar:
             bar.set_postfix_str(t.op)
-            _tune_task(t, device, log_dir / f"{t.op}.jsonl", trials, shipped, progress)
+            _tune_task(t, device, log_dir / f"{t.op}.jsonl", trials, shipped, progress, workers)
     finally:
         bar.close()
 
 
-def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool, progress: bool) -> None:
+def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool, progress: bool,
+               workers: _Workers) -> None:
     """Tune one task up to `trials` configs in its log (resume), then pick its best record."""
     from .. import records
+    from ..measure import require_local_device
     from ..task import make_task
     from ..tuner import tune
 
@@ -217,7 +254,9 @@ def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool
     t.resumed = len({r.config_key for r in mine})
     if t.resumed < trials and t.resumed < len(task.space):
         try:
-            t.measured = tune(task, trials=trials - t.resumed, log=log, progress=progress).measured
+            require_local_device(task)  # before anything is built
+            t.measured = tune(task, trials=trials - t.resumed, log=log, progress=progress,
+                              builder=workers.builder(), runner=workers.runner()).measured
         except Exception as err:  # noqa: BLE001 -- one task's failure keeps its sites, not the whole model
             warnings.warn(f"tune_model: tuning {t.op} {t.fields} failed: {type(err).__name__}: {err}",
                           stacklevel=3)
@@ -259,7 +298,7 @@ def _entry_key(op: str, workload_key: str, device: str, config: Any, version: st
     return op, workload_key, device, json.dumps(config, sort_keys=True), version
 
 
-def _package(best: list[Any], out: Path) -> tuple[Path, bool]:
+def _package(best: list[Any], out: Path, workers: _Workers) -> tuple[Path, bool]:
     """Export the records to `out` unless it already holds exactly their kernels; load it. (path, exported)"""
     from ..package import read_manifest
     from .registry import load
@@ -281,7 +320,7 @@ def _package(best: list[Any], out: Path) -> tuple[Path, bool]:
                           "their names, and the dynamic loader hands back the libraries it loaded first; run "
                           "the rewritten model in a new process to be sure it uses the new kernels",
                           stacklevel=3)
-        export(best, out)
+        export(best, out, builder=workers.builder())
     load(out)
     return out, not same
 

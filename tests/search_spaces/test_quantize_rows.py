@@ -163,10 +163,10 @@ W7 = qr.Workload(rows=8, cols=32, qmax=63)  # the same width, 7-bit: a kernel of
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory):
+def package(tmp_path_factory, cpu_builder):
     out = tmp_path_factory.mktemp("qr-pkg")
     tasks = [make_task(op, "cpu", **fields) for op, fields in KERNELS]
-    export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out)
+    export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out, builder=cpu_builder)
     return out
 
 
