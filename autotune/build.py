@@ -40,6 +40,28 @@ def compile_module(task: Task, cfg: Config):  # -> tvm Executable
     return compile_with_usage(task, cfg)[0]
 
 
+def load_compiled(task: Task, cfg: Config) -> Any:
+    """One config compiled in this process, as the callable its package would give (`autotune.kernel`, bench).
+
+    A CPU kernel is written to a shared library and loaded the way the tuner's measure worker and the torch ops
+    load theirs (`runtime.load_function`), so its parallel loops run on the pool they were timed on: PyTorch's
+    OpenMP pool, with PyTorch's thread count. Called straight from the in-memory module they would run on TVM's
+    own pool beside PyTorch's, which `bench` then compared with PyTorch's ops in the same process. The file is
+    removed once loaded."""
+    from . import runtime
+
+    exe = compile_module(task, cfg)
+    if task.device.is_gpu:
+        return exe["main"]
+    fd, lib = tempfile.mkstemp(prefix="autotune-kernel-", suffix=".so")
+    os.close(fd)
+    try:
+        exe.export_library(lib)
+        return runtime.load_function(lib)
+    finally:
+        os.unlink(lib)  # the loader keeps its mapping
+
+
 def compile_with_usage(task: Task, cfg: Config) -> tuple[Any, tuple[Any, ...]]:
     """(executable, per-kernel GPU resource usage) of one config (see `compile_lowered`)."""
     return compile_lowered(task.lower(cfg), task)

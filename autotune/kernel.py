@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from . import records
 from .records import shipped_logs
-from .build import compile_module
+from .build import load_compiled
 from .task import Task
 
 
@@ -35,14 +35,15 @@ def best_record(task: Task, logs: Iterable[str | Path], include_stale: bool = Fa
 class Kernel:
     """A compiled kernel with the reference's argument order: `kernel(weight, indices, offsets)`.
 
-    Inputs are checked (unless `validate=False`), then run through `runtime.BoundKernel`: the call path the
-    tuner timed, so a logged latency is what this call costs (plus the check)."""
+    Inputs are checked (unless `validate=False`), then run through `runtime.BoundKernel` on a library loaded as
+    the tuner's measure worker loads it (`build.load_compiled`): the call path and thread pool the tuner timed,
+    so a logged latency is what this call costs (plus the check)."""
 
     def __init__(self, task: Task, config: Any, validate: bool = True):
         self.task = task
         self.config = config
         self.validate = validate
-        self.bound = task.bind(config, compile_module(task, config)["main"])
+        self.bound = task.bind(config, load_compiled(task, config))
 
     def __call__(self, *tensors: Any) -> Any:
         if self.validate:

@@ -70,3 +70,26 @@ def test_kernel_checks_inputs_then_runs_the_bound_kernel_the_tuner_timed(log):
     with pytest.raises(IndexError):
         k(weight, torch.tensor([0, 40]), torch.tensor([0, 1]))
     assert len(calls) == 1  # bad input never reaches the kernel
+
+
+def test_a_kernel_runs_its_parallel_loops_on_pytorchs_pool_as_the_tuner_timed_it(tmp_path, monkeypatch):
+    """Compiled in this process, a CPU kernel is loaded as the tuner's measure worker and the torch ops load
+    theirs: its parallel loops on PyTorch's OpenMP pool, not on TVM's own pool beside it."""
+    from autotune import records, runtime
+
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    cfg = next(c for c in task.space if c.as_dict()["threading"] == "parallel")
+    path = tmp_path / "eb.jsonl"
+    records.append(path, [task.record(cfg, costs=(1e-6,))])
+    real, pools = runtime.load_function, []
+
+    def spy(lib, name="main"):
+        func = real(lib, name)
+        pools.append(runtime.parallel_launcher(lib))
+        return func
+
+    monkeypatch.setattr(runtime, "load_function", spy)
+    k = autotune.kernel("embedding_bag", "cpu", log=path, shape=SHAPE)
+    assert pools == ["openmp"]
+    weight, idx, off = task.template.inputs(task.workload, 0)
+    torch.testing.assert_close(k(weight, idx, off), torch.nn.functional.embedding_bag(idx, weight, off, mode="sum"))

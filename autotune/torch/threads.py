@@ -19,7 +19,8 @@ OMP_WAIT_POLICY when `import torch` loads it, so they cannot be changed from her
 
 All of this is the fallback now: kernels loaded from files run their parallel loops on PyTorch's OpenMP pool
 instead of TVM's (`autotune.runtime.share_openmp_pool`; AUTOTUNE_PARALLEL=tvm opts out), so one pool serves
-both and the TVM variables apply only to kernels compiled in-process and to AUTOTUNE_PARALLEL=tvm.
+both and the TVM variables apply only to processes without libgomp and to AUTOTUNE_PARALLEL=tvm (kernels
+compiled in-process are loaded from a library file too: `autotune.build.load_compiled`).
 """
 
 from __future__ import annotations
