@@ -137,6 +137,28 @@ def default_pools(builder, runner=None):
         mp.undo()
 
 
+def ending_at_a_guard_page(values):
+    """A 1-D int64 CPU tensor of `values` whose last element ends exactly where an inaccessible page begins:
+    a kernel reading one element past it crashes the process instead of reading an allocation's slack.
+    Linux only (mmap + mprotect); the caller keeps the returned (tensor, mapping) pair alive."""
+    import ctypes
+    import mmap
+
+    import numpy as np
+    import torch
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("guard pages via mprotect: Linux only")
+    page, nbytes = mmap.PAGESIZE, len(values) * 8
+    pages = -(-nbytes // page) + 1
+    buf = mmap.mmap(-1, pages * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(addr + (pages - 1) * page), page, 0) == 0
+    arr = np.frombuffer(buf, dtype=np.int64, count=len(values), offset=(pages - 1) * page - nbytes)
+    arr[:] = values
+    return torch.from_numpy(arr), buf
+
+
 def load_counting(path):
     """Load a kernel package with a call counter on each kernel (`kernel.calls`): tells a kernel run from a
     fallback. Unloads every package first; the caller unloads after."""

@@ -152,7 +152,8 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                 prefetch_row(W, T.min(TO[vt] + T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + l + prefetch, NNZ - 1)]),
                                       R - 1))
             if branch:
-                if in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)):
+                # outside the unrolled rows' predicate: past the last bag's end, a clamped read (see embedding_bag)
+                if in_range(T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + l, NNZ - 1)]), rows_of(TO, vt)):
                     add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
                 else:
                     flag_if(Flag, True, INDEX_ERROR)

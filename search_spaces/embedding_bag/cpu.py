@@ -173,7 +173,9 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
                 # the table is prefetched harmlessly: a hint, not an access)
                 prefetch_row(W, T.Cast(i64, I[T.min(T.Cast(i64, Off[vb]) + l + prefetch, NNZ - 1)]))
             if check == "branch":
-                if in_range(row_of(I, Off, vb, l), W.shape[0]):
+                # the branch sits outside the unrolled rows' predicate (l < the bag's length): past the last
+                # bag's end its index is read at a clamped position, never beyond the indices tensor
+                if in_range(T.Cast(i64, I[T.min(T.Cast(i64, Off[vb]) + l, NNZ - 1)]), W.shape[0]):
                     add_row(W, I, Off, PSW, A, vb, l, NB, NNZ)
                 else:
                     flag_if(Flag, True, INDEX_ERROR)

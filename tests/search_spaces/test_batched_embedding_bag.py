@@ -89,6 +89,22 @@ def test_cpu_every_knob_value_builds_and_matches():
         torch.testing.assert_close(run(task, cfg, *tensors), ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
 
 
+def test_cpu_unrolled_pooling_never_reads_past_the_indices():
+    """As embedding_bag's: the last table's last bag ends at a page boundary, unrolled by 4 (its tail predicated)."""
+    from conftest import ending_at_a_guard_page
+
+    task = make_task("batched_embedding_bag", "cpu", rows=(40, 90), dim=16, batch=2, pooling=(1, 9))
+    cfg = task.space.from_json({**task.space.default().as_dict(), "unroll": 4})
+    weight = torch.randn(130, 16)
+    table_offsets = torch.tensor([0, 40, 130])
+    local = [0, 1, 39, 7, 5] + [3, 89, 0, 17, 60, 61, 2]  # table 0: bags of 2 and 3; table 1: 4 and 3
+    idx, keep = ending_at_a_guard_page(local)
+    offs = torch.tensor([0, 2, 5, 9, 12])  # FBGEMM's layout: T*B+1 offsets, table 1's shifted by table 0's 5
+    tensors = (weight, table_offsets, idx, offs)
+    torch.testing.assert_close(run(task, cfg, *tensors), tbe.reference(task.workload, *tensors))
+    del keep
+
+
 def test_cpu_kernel_serves_other_batches_and_table_sizes_than_tuned():
     task = make_task("batched_embedding_bag", "cpu", **SMALL)
     other = tbe.Workload(rows=(5, 60, 11), dim=16, batch=21, pooling=(1, 5))

@@ -83,6 +83,21 @@ def test_every_knob_value_builds_and_matches():
     assert not missing, f"unchecked knob values: {sorted(missing)}"
 
 
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+def test_unrolled_pooling_never_reads_past_the_indices(unroll):
+    """Unrolled, a bag's rows run in whole groups whose tail is predicated; the index check of a row beyond the
+    last bag's end once read past the indices tensor: a crash where the indices end at a page boundary."""
+    from conftest import ending_at_a_guard_page
+
+    task = make_task("embedding_bag", "cpu", rows=1000, dim=64, batch=3, pooling=(1, 60))
+    cfg = task.space.from_json({**task.space.default().as_dict(), "unroll": unroll})
+    weight = torch.randn(1000, 64)
+    idx, keep = ending_at_a_guard_page(torch.randint(0, 1000, (101,)).tolist())
+    offsets = torch.tensor([0, 50, 98])  # the last bag: 3 rows (a tail for every unroll), the one before 48
+    torch.testing.assert_close(run(task, cfg, weight, idx, offsets), F.embedding_bag(idx, weight, offsets, mode="sum"))
+    del keep
+
+
 def test_edge_cases_single_bag_all_empty_and_all_padding():
     task = make_task("embedding_bag", "cpu", rows=10, dim=8, batch=1, pooling=(3, 3), mode="mean", padding_idx=0)
     cfg = task.space.default()
