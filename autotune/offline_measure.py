@@ -143,12 +143,23 @@ def pending(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob(f"batch-*/{BATCH}") if not (p.parent / RESULTS).exists())
 
 
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse type): a zero or negative limit would blame every candidate."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--watch", action="store_true", help="keep measuring new batches until interrupted")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds one candidate may run before it counts as "
+    p.add_argument("--timeout", type=_seconds, default=60.0, help="seconds one candidate may run before it counts as "
                    "hung (starting up and making the task's data do not count)")
-    p.add_argument("--prepare-timeout", type=float, default=600.0,
+    p.add_argument("--prepare-timeout", type=_seconds, default=600.0,
                    help="seconds the measuring process may take to start and make the task's data")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one batch in this process
     args = p.parse_args(argv)

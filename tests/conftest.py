@@ -18,15 +18,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), str(
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 
-def _skip_moduleless_frames():
-    """TVMScript parses about twice as fast in this process too (pytest-xdist's `<string>` frames): see
-    autotune.inspect_cache, which the build workers and the CLI call themselves."""
-    from autotune.inspect_cache import skip_moduleless_frames
+# TVMScript parses about twice as fast in this process too (pytest-xdist's `<string>` frames): see
+# autotune.inspect_cache, which the build workers and the CLI call themselves.
+from autotune.inspect_cache import skip_moduleless_frames  # noqa: E402
 
-    skip_moduleless_frames()
-
-
-_skip_moduleless_frames()
+skip_moduleless_frames()
 
 
 @pytest.fixture(scope="session")

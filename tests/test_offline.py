@@ -109,3 +109,15 @@ def test_a_task_whose_data_cannot_be_made_on_the_device_is_a_harness_error(tmp_p
     results = runner._wait(root / "batch-0000" / "results.json")["results"]
     assert [r["error_kind"] for r in results] == ["harness"] * len(cfgs)
     assert all("making the task's inputs failed" in r["error"] for r in results)
+
+
+@pytest.mark.parametrize("flag, value", [("--timeout", "0"), ("--prepare-timeout", "-5"), ("--timeout", "soon")])
+def test_measure_script_refuses_limits_that_are_not_positive_seconds(capsys, flag, value):
+    """A zero or negative limit would mark every candidate as hung: a clear error instead, before measuring."""
+    from autotune import offline_measure
+
+    with pytest.raises(SystemExit) as exc:
+        offline_measure.main([flag, value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {flag}:" in err
+    assert ("expected seconds" if value == "soon" else f"must be positive, got {value}") in err
