@@ -10,8 +10,9 @@ from typing import Any
 
 from ..embedding_bag.cpu import (ACCUMULATOR as _ACCUMULATOR, BAGS_PER_TASK, LINES_NEED_PREFETCH, PREFETCH,
                                  PREFETCH_LINES, TASKS_NEED_PARALLEL, THREADING, UNROLL, VECTOR, check_llvm,
-                                 parallel_tasks, prefetch_lines, unroll_rows, vectorize_innermost, vectors)
-from ..space import Config, InvalidConfig, Space
+                                 in_scratch, parallel_tasks, prefetch_lines, simd, vectorize_innermost,
+                                 vectors)
+from ..space import Config, Space
 from .kernel import compute
 from .workload import Workload
 
@@ -35,20 +36,11 @@ def space(w: Workload, target: Any) -> Space:
 
 
 def schedule(sch: Any, w: Workload, cfg: Config) -> None:
-    """Parallel over fused (table, bag) pairs; SIMD over the dimension; the pooling loop unrolled."""
+    """Parallel over fused (table, bag) pairs; SIMD over the accumulator's setting and its write-back (the rows'
+    loops, unrolled and in SIMD vectors, are compute's)."""
     vec = cfg[VECTOR]
-    if w.dim % vec:
-        raise InvalidConfig(f"vector {vec} does not divide dim {w.dim}")
     parallel_tasks(sch, sch.fuse(*sch.get_loops(sch.get_sblock("bag"))), cfg)
-    acc = sch.get_sblock("acc")
-    l, d = sch.get_loops(acc)[-2:]
-    dm, dv = sch.split(d, [None, vec])
-    if vec > 1:
-        sch.vectorize(dv)
-    sch.unroll(dm)
-    init = sch.decompose_reduction(acc, l)
-    vectorize_innermost(sch, init, vec)
-    unroll_rows(sch, l, cfg)
+    simd(sch, sch.get_sblock("acc_init"), vec)
     if cfg[ACCUMULATOR] == "local":
         vectorize_innermost(sch, sch.get_sblock("finalize"), vec)
 
@@ -58,6 +50,7 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     from tvm.s_tir import Schedule
 
     sch = Schedule(compute(w, cfg[PREFETCH], cfg[PREFETCH_LINES], direct=cfg[ACCUMULATOR] == "output",
-                           branch=cfg[UNROLL] > 1))  # (embedding_bag.cpu.checks: the faster check for the loop)
+                           branch=in_scratch(w, cfg),  # (embedding_bag.cpu.checks: the faster check for the loop)
+                           unroll=cfg[UNROLL], vector=cfg[VECTOR]))
     schedule(sch, w, cfg)
     return sch.mod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..embedding_bag.cpu import SCRATCH_SCOPE
 from ..embedding_bag.kernel import (bag_length, bag_ok, boundaries_checker, flag_where, in_range, index_alignment,
                                     prefetcher)
 from ..embedding_bag.workload import INDEX_ERROR, OFFSETS_ERROR, TABLE_OFFSETS_ERROR
@@ -26,12 +27,15 @@ NEG_INF_BITS = -8388608  # 0xff800000: -inf as an int32 bit pattern
 
 
 def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: bool = False, stage: int = 0,
-            branch: bool = False) -> Any:
+            branch: bool = False, unroll: int = 1, vector: int = 1) -> Any:
     """The table-batched ragged embedding bag as TVMScript.
 
     `prefetch` rows ahead are prefetched (0: none; CPU); `direct` (sum only) accumulates into the output
     instead of a local buffer; `branch` (CPU) puts a row's loads and adds under one branch on its index rather
-    than guarding each load (faster where the row loop is unrolled: see `embedding_bag.cpu.compute`). `stage`
+    than guarding each load (faster where it pools into the local scratch: `embedding_bag.cpu.checks`). On the
+    CPU a bag's rows run in whole groups of `unroll` (block "acc", unrolled), then the last len % unroll one
+    at a time ("acc_tail"), each row's dimension in unrolled SIMD vectors of `vector` lanes: no row is
+    predicated on the bag's length (as `embedding_bag.cpu.compute`, and why its loops are written here). `stage`
     > 0 (GPU) walks each bag `stage` rows per step: the step first gathers its rows into registers, then pools
     them. The bag's loop is rounded up to whole steps, the extra rows re-reading the bag's last row (a cache
     hit) and pooling as nothing, so no load sits under a per-row branch: with a guarded unrolled loop nvcc
@@ -43,6 +47,10 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
 
     if direct and w.mode != "sum":
         raise InvalidConfig("accumulating in the output is only possible for mode=sum")
+    if w.dim % vector:
+        raise InvalidConfig(f"vector {vector} does not divide dim {w.dim}")
+    if unroll < 1:
+        raise ValueError(f"unroll must be positive, got {unroll}")
     D, NT, idt, mode, U = w.dim, w.tables, w.index_dtype, w.mode, max(stage, 1)
     gpu = stage > 0
     ialign = index_alignment(idt)
@@ -127,39 +135,72 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
         flag_if(Flag, T.And(rows_of(TO, vt) == T.int64(0),
                             bag_length(start(Off, vt, vb, NB), end(Off, vt, vb, NB), NNZ) > T.int64(0)), INDEX_ERROR)
 
-    @T.macro
-    def add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R):
-        for d in range(D):
-            with T.sblock("acc"):
-                vl = T.axis.reduce(count(TO, Off, vt, vb, NB, NNZ, R), l)
-                vd = T.axis.spatial(D, d)
-                if direct:
-                    with T.init():
-                        O[vb, vt * D + vd] = T.float32(identity)
-                    O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
-                else:
-                    with T.init():
-                        A[vd] = T.float32(identity)
-                    A[vd] = combine(A[vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+    def lanes(n: int) -> Any:
+        return T.vectorized(n) if n > 1 else T.serial(n)
 
-    @T.macro
-    def pool(W, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R):
-        """Reduce bag (vt, vb)'s rows into A[0:D] (or straight into its output row when `direct`)."""
-        for l in range(count(TO, Off, vt, vb, NB, NNZ, R)):
+    def rows_in(name: str) -> Any:
+        """CPU: a macro `pool_row(W, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)`, row l of bag (vt, vb) (l < its
+        count): its prefetch, check and add in block `name` (one macro per name, as embedding_bag's)."""
+
+        @T.macro
+        def add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R):
+            for dm in T.unroll(D // vector):
+                for dv in lanes(vector):
+                    with T.sblock(name):
+                        vl = T.axis.reduce(count(TO, Off, vt, vb, NB, NNZ, R), l)
+                        vd = T.axis.spatial(D, dm * vector + dv)
+                        if direct:
+                            O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+                        else:
+                            A[vd] = combine(A[vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+
+        @T.macro
+        def pool_row(W, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R):
             if prefetch > 0:
                 # clamped, not guarded: no branch in the loop; the tail re-prefetches the last row. Near a table's
                 # end the guess uses this table's base: a wasted prefetch, never a fault.
                 prefetch_row(W, T.min(TO[vt] + T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + l + prefetch, NNZ - 1)]),
                                       R - 1))
             if branch:
-                # outside the unrolled rows' predicate: past the last bag's end, a clamped read (see embedding_bag)
-                if in_range(T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + l, NNZ - 1)]), rows_of(TO, vt)):
+                if in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)):
                     add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
                 else:
                     flag_if(Flag, True, INDEX_ERROR)
             else:
                 flag_if(Flag, not in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)), INDEX_ERROR)
                 add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
+
+        return pool_row
+
+    group_row, tail_row = rows_in("acc"), rows_in("acc_tail")
+
+    @T.macro
+    def pool(W, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R):
+        """CPU: reduce bag (vt, vb)'s rows into A[0:D] (or straight into its output row when `direct`), in one
+        block: its only writer seen from the bag (see embedding_bag's)."""
+        with T.sblock("pool"):
+            T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:D])
+            if direct:
+                T.writes(O[vb, vt * D:vt * D + D])
+            else:
+                T.writes(A[0:D])
+            for d0 in range(D):
+                with T.sblock("acc_init"):
+                    vd0 = T.axis.spatial(D, d0)
+                    if direct:
+                        O[vb, vt * D + vd0] = T.float32(identity)
+                    else:
+                        A[vd0] = T.float32(identity)
+            if unroll == 1:
+                for l in range(count(TO, Off, vt, vb, NB, NNZ, R)):
+                    group_row(W, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)
+            else:
+                for g in range(count(TO, Off, vt, vb, NB, NNZ, R) // unroll):
+                    for u in T.unroll(T.int64(unroll)):
+                        group_row(W, TO, I, Off, A, O, Flag, vt, vb, g * unroll + u, NB, NNZ, R)
+                for r in range(count(TO, Off, vt, vb, NB, NNZ, R) % unroll):
+                    tail_row(W, TO, I, Off, A, O, Flag, vt, vb,
+                             count(TO, Off, vt, vb, NB, NNZ, R) // unroll * unroll + r, NB, NNZ, R)
 
     @T.macro
     def pool_staged(W, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R):
@@ -201,7 +242,7 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                 if direct:
                     pool(W, TO, I, Off, O, O, Flag, vt, vb, NB, NNZ, R)  # A unused: O stands in to type-check
                 else:
-                    A = T.sblock_alloc_buffer((D,), "float32", scope="local")
+                    A = T.sblock_alloc_buffer((D,), "float32", scope="local" if gpu else SCRATCH_SCOPE)
                     if gpu:
                         G = T.sblock_alloc_buffer((U, D), "float32", scope="local")
                         pool_staged(W, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R)

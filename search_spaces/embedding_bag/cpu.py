@@ -90,24 +90,45 @@ def space(w: Workload, target: Any) -> Space:
 
 
 # ---- the computation ------------------------------------------------------------------------------------
-def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str = "load") -> Any:
+# The scope of a CPU kernel's per-bag scratch (the accumulator, the count): "global", not "local". TVM lowers a
+# local buffer to a heap workspace taken and freed per bag (TVMBackendAllocWorkspace), which LLVM cannot tell
+# from the output or the flag, so the unrolled rows stored every sum back; a small global one is a stack slot
+# of the parallel task that LLVM keeps in registers (20% faster at the make-tune shape, measured).
+SCRATCH_SCOPE = "global"
+
+
+def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str = "load", unroll: int = 1,
+            vector: int = 1, tiles: int = 1, tiles_outer: bool = False, local: bool = False) -> Any:
     """The ragged embedding bag as TVMScript. `prefetch` rows ahead are prefetched (0: none).
+
+    A bag's rows run in whole groups of `unroll` (block "acc", the group's rows unrolled), then the last
+    len % unroll one at a time ("acc_tail"): no row is predicated on the bag's length, as every unrolled row
+    was when the schedule split the row loop, the predicate inside the SIMD loop (unroll 4 ran 7x slower than
+    unroll 1). The accumulator is set by its own block ("acc_init"), so three blocks write it, and a schedule
+    vectorizes or decomposes a reduction only in a buffer's one writer: the row blocks' dimension loops are
+    written here too (`tiles` tiles, above the rows when `tiles_outer`, of unrolled SIMD vectors of `vector`
+    lanes). With `local` (always for mean and max) the bag pools into a scratch (SCRATCH_SCOPE) that
+    "finalize" writes to the output once.
 
     Bounds are checked in the kernel (kernel.py): the offsets by a pass over them first (the bags are pooled
     only if they are well formed), each index as it is gathered: one out of the table is not read and sets the
-    error flag. How (`check`, picked by the schedule: `checks(cfg)`, each the fastest measured where it is used):
+    error flag. How (`check`, picked by `checks(cfg, w)`, each the fastest measured where it is used):
     "load" guards each load of the row (LLVM merges the guards into one branch per row) and sets the flag
     beside them; "branch" puts the row's loads and adds under one branch on its index, the flag set on the
-    other side (with the row loop unrolled, "load" kept the guards apart: 11% slower than before the checks
-    at the make-tune shape, "branch" 0-2%; without unrolling "branch" stores the accumulators every row);
-    "walk" guards the loads and sets the flag by a walk over the bag's indices before it is pooled (schedules
-    that move the dimension tiles above the row loop: a statement beside the tile loop stops the reorder).
+    other side; "walk" guards the loads and sets the flag by a walk over the bag's indices before it is pooled
+    (tiles above the rows: a statement beside the tile loop would split it). Every row a loop visits is in its
+    bag, so no check reads past the indices.
     """
     from tvm.script import tirx as T
 
     if check not in ("load", "branch", "walk"):
         raise ValueError(f"check must be load, branch or walk, got {check!r}")
-    D, mode = w.dim, w.mode
+    if w.dim % (vector * tiles):
+        raise InvalidConfig(f"vector {vector} x dim_tiles {tiles} does not divide dim {w.dim}")
+    if unroll < 1:
+        raise ValueError(f"unroll must be positive, got {unroll}")
+    D, mode, U = w.dim, w.mode, unroll
+    M = D // (vector * tiles)  # SIMD vectors per tile
     weighted = w.per_sample_weights
     has_pad = w.padding_idx is not None
     pad = w.padding_idx if has_pad else -1
@@ -124,6 +145,9 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
         if ilo:
             return T.Cast(i64, Off[vb + 1])
         return T.if_then_else(vb + 1 < NB, T.Cast(i64, Off[T.min(vb + 1, NB - 1)]), NNZ)
+
+    def length(Off: Any, vb: Any, NB: Any, NNZ: Any) -> Any:
+        return end_of(Off, vb, NB, NNZ) - T.Cast(i64, Off[vb])
 
     def row_of(I: Any, Off: Any, vb: Any, vl: Any) -> Any:
         return T.Cast(i64, I[T.Cast(i64, Off[vb]) + vl])
@@ -147,42 +171,82 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
     def combine(acc: Any, value: Any) -> Any:
         return T.max(acc, value) if mode == "max" else acc + value
 
+    def lanes(n: int) -> Any:
+        return T.vectorized(n) if n > 1 else T.serial(n)
+
     @T.macro
     def check_row(W, I, Off, Flag, vb, l):
         flag_if(Flag, not in_range(row_of(I, Off, vb, l), W.shape[0]), INDEX_ERROR)
 
-    @T.macro
-    def add_row(W, I, Off, PSW, A, vb, l, NB, NNZ):
-        for d in range(D):
-            with T.sblock("acc"):
-                vl = T.axis.reduce(end_of(Off, vb, NB, NNZ) - T.Cast(i64, Off[vb]), l)
-                vd = T.axis.spatial(D, d)
-                with T.init():
-                    A[vb, vd] = T.float32(identity)
-                A[vb, vd] = combine(A[vb, vd], guarded(W, I, Off, PSW, vb, vl, vd))
+    def rows_in(name: str) -> Any:
+        """A macro `pool_row(W, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ)`: row l of the bag (l < its length), its
+        prefetch, check and add in block `name`, of tile t (tiles_outer) or all tiles (one macro per name:
+        TVMScript renames a block where its macro is expanded again, whatever name it is given)."""
 
-    @T.macro
-    def pool(W, I, Off, PSW, A, Flag, vb, NB, NNZ):
-        """Reduce the bag's rows into A[vb, :] (the output for sum, a per-bag scratch for mean/max)."""
-        if check == "walk":
-            for l0 in range(end_of(Off, vb, NB, NNZ) - T.Cast(i64, Off[vb])):
-                check_row(W, I, Off, Flag, vb, l0)
-        for l in range(end_of(Off, vb, NB, NNZ) - T.Cast(i64, Off[vb])):
+        @T.macro
+        def add_row(W, I, Off, PSW, A, vb, l, t, NB, NNZ):
+            for dt in range(1 if tiles_outer else tiles):
+                for dm in T.unroll(M):
+                    for dv in lanes(vector):
+                        with T.sblock(name):
+                            vl = T.axis.reduce(length(Off, vb, NB, NNZ), l)
+                            vd = T.axis.spatial(D, ((t + dt) * M + dm) * vector + dv)
+                            A[vb, vd] = combine(A[vb, vd], guarded(W, I, Off, PSW, vb, vl, vd))
+
+        @T.macro
+        def pool_row(W, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ):
             if prefetch > 0:
                 # clamped, not guarded: no branch in the loop; the tail re-prefetches the last row (a row out of
                 # the table is prefetched harmlessly: a hint, not an access)
                 prefetch_row(W, T.Cast(i64, I[T.min(T.Cast(i64, Off[vb]) + l + prefetch, NNZ - 1)]))
             if check == "branch":
-                # the branch sits outside the unrolled rows' predicate (l < the bag's length): past the last
-                # bag's end its index is read at a clamped position, never beyond the indices tensor
-                if in_range(T.Cast(i64, I[T.min(T.Cast(i64, Off[vb]) + l, NNZ - 1)]), W.shape[0]):
-                    add_row(W, I, Off, PSW, A, vb, l, NB, NNZ)
+                if in_range(row_of(I, Off, vb, l), W.shape[0]):
+                    add_row(W, I, Off, PSW, A, vb, l, t, NB, NNZ)
                 else:
                     flag_if(Flag, True, INDEX_ERROR)
             else:
                 if check == "load":
                     check_row(W, I, Off, Flag, vb, l)
-                add_row(W, I, Off, PSW, A, vb, l, NB, NNZ)
+                add_row(W, I, Off, PSW, A, vb, l, t, NB, NNZ)
+
+        return pool_row
+
+    group_row, tail_row = rows_in("acc"), rows_in("acc_tail")
+
+    @T.macro
+    def rows(W, I, Off, PSW, A, Flag, vb, t, NB, NNZ):
+        if U == 1:
+            for l in range(length(Off, vb, NB, NNZ)):
+                group_row(W, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ)
+        else:
+            for g in range(length(Off, vb, NB, NNZ) // U):
+                for u in T.unroll(T.int64(U)):
+                    group_row(W, I, Off, PSW, A, Flag, vb, g * U + u, t, NB, NNZ)
+            for r in range(length(Off, vb, NB, NNZ) % U):
+                tail_row(W, I, Off, PSW, A, Flag, vb, length(Off, vb, NB, NNZ) // U * U + r, t, NB, NNZ)
+
+    @T.macro
+    def pool(W, I, Off, PSW, A, Flag, vb, NB, NNZ):
+        """Reduce the bag's rows into A[vb, :] (the output, or a local buffer), in one block: its only writer
+        seen from the bag (sch.parallel refuses a bag whose blocks write the output several times)."""
+        with T.sblock("pool"):
+            if weighted:
+                T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D], PSW[0:NNZ])
+            else:
+                T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D])
+            T.writes(A[vb, 0:D])
+            for d0 in range(D):
+                with T.sblock("acc_init"):
+                    vd0 = T.axis.spatial(D, d0)
+                    A[vb, vd0] = T.float32(identity)
+            if check == "walk":
+                for l0 in range(length(Off, vb, NB, NNZ)):
+                    check_row(W, I, Off, Flag, vb, l0)
+            if tiles_outer:
+                for t in range(tiles):
+                    rows(W, I, Off, PSW, A, Flag, vb, t, NB, NNZ)
+            else:
+                rows(W, I, Off, PSW, A, Flag, vb, 0, NB, NNZ)
 
     @T.macro
     def body(W, I, Off, PSW, O, Flag, NB, NNZ):
@@ -196,25 +260,28 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
                     else:
                         T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D])
                     T.writes(O[vb, 0:D])  # and the flag (a benign race: not a region the schedule orders)
-                    if needs_count:
-                        A = T.sblock_alloc_buffer((NB, D), "float32", scope="local")
-                        cnt = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    if needs_count or local:
+                        A = T.sblock_alloc_buffer((NB, D), "float32", scope=SCRATCH_SCOPE)
                         pool(W, I, Off, PSW, A, Flag, vb, NB, NNZ)
-                        with T.sblock("count"):
-                            T.reads(Off[vb:vb + 2], I[0:NNZ])
-                            T.writes(cnt[0])
-                            cnt[0] = T.Cast("float32", end_of(Off, vb, NB, NNZ) - T.Cast(i64, Off[vb]))
-                            if has_pad:
-                                for l2 in range(end_of(Off, vb, NB, NNZ) - T.Cast(i64, Off[vb])):
-                                    if I[T.Cast(i64, Off[vb]) + l2] == pad:
-                                        cnt[0] = cnt[0] - T.float32(1)
+                        if needs_count:
+                            cnt = T.sblock_alloc_buffer((1,), "float32", scope=SCRATCH_SCOPE)
+                            with T.sblock("count"):
+                                T.reads(Off[vb:vb + 2], I[0:NNZ])
+                                T.writes(cnt[0])
+                                cnt[0] = T.Cast("float32", length(Off, vb, NB, NNZ))
+                                if has_pad:
+                                    for l2 in range(length(Off, vb, NB, NNZ)):
+                                        if I[T.Cast(i64, Off[vb]) + l2] == pad:
+                                            cnt[0] = cnt[0] - T.float32(1)
                         for d2 in range(D):
                             with T.sblock("finalize"):
                                 vd2 = T.axis.spatial(D, d2)
                                 if mode == "mean":
                                     O[vb, vd2] = A[vb, vd2] / T.max(cnt[0], T.float32(1))
-                                else:
+                                elif mode == "max":
                                     O[vb, vd2] = T.if_then_else(cnt[0] == T.float32(0), T.float32(0), A[vb, vd2])
+                                else:
+                                    O[vb, vd2] = A[vb, vd2]
                     else:
                         pool(W, I, Off, PSW, O, Flag, vb, NB, NNZ)
         else:  # flagged: zeros, not whatever the output's memory held
@@ -227,30 +294,13 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
 
 
 def schedule(sch: Any, w: Workload, cfg: Config) -> None:
-    """Apply a CPU config to the schedule of `compute(w, cfg[PREFETCH], cfg[PREFETCH_LINES], checks(cfg))`."""
-    vec, tiles = cfg[VECTOR], cfg[DIM_TILES]
-    if w.dim % (vec * tiles):
-        raise InvalidConfig(f"vector {vec} x dim_tiles {tiles} does not divide dim {w.dim}")
+    """Apply a CPU config to the schedule of `lower`'s `compute` (which writes the row blocks' loops itself):
+    bags over cores, SIMD over the accumulator's setting and its write-back."""
     (b,) = sch.get_loops(sch.get_sblock("bag"))
     parallel_tasks(sch, b, cfg)
-
-    acc = sch.get_sblock("acc")
-    if cfg[ACCUMULATOR] == "local":
-        write_back = sch.cache_write(acc, 0, "local")
-        *_, wd = sch.get_loops(write_back)
-        _, wv = sch.split(wd, [None, vec])
-        sch.vectorize(wv)
-    l, d = sch.get_loops(acc)
-    dt, dm, dv = sch.split(d, [tiles, None, vec])
-    if cfg[LOOP_ORDER] == "tiles_outer":
-        sch.reorder(dt, l)
-    if vec > 1:
-        sch.vectorize(dv)
-    sch.unroll(dm)
-    sch.decompose_reduction(acc, l)
-    unroll_rows(sch, l, cfg)
-    if w.mode in ("mean", "max"):
-        vectorize_innermost(sch, sch.get_sblock("finalize"), vec)
+    simd(sch, sch.get_sblock("acc_init"), cfg[VECTOR])
+    if w.mode in ("mean", "max") or cfg[ACCUMULATOR] == "local":
+        vectorize_innermost(sch, sch.get_sblock("finalize"), cfg[VECTOR])
 
 
 # ---- schedule steps shared with the table-batched kernel -----------------------------------------------
@@ -261,11 +311,12 @@ def parallel_tasks(sch: Any, bags: Any, cfg: Config) -> None:
         sch.parallel(tasks)
 
 
-def unroll_rows(sch: Any, rows: Any, cfg: Config) -> None:
-    """UNROLL on a bag's loop over its rows: that many independent row loads in flight."""
-    if cfg[UNROLL] > 1:
-        _, inner = sch.split(rows, [None, cfg[UNROLL]])
-        sch.unroll(inner)
+def simd(sch: Any, block: Any, vec: int) -> None:
+    """A block's innermost (dimension) loop in unrolled SIMD vectors of `vec` lanes."""
+    dm, dv = sch.split(sch.get_loops(block)[-1], [None, vec])
+    if vec > 1:
+        sch.vectorize(dv)
+    sch.unroll(dm)
 
 
 def vectorize_innermost(sch: Any, block: Any, vec: int) -> None:
@@ -275,17 +326,28 @@ def vectorize_innermost(sch: Any, block: Any, vec: int) -> None:
         sch.vectorize(inner)
 
 
-def checks(cfg: Config) -> str:
-    """How a config's kernel checks its indices (compute's `check`): the fastest way for its loop nest."""
+def in_scratch(w: Any, cfg: Config) -> bool:
+    """Whether a config's kernel pools into its per-bag scratch (ACCUMULATOR local; mean and max always) rather
+    than into the output (either kernel's workload and config)."""
+    return cfg[ACCUMULATOR] == "local" or w.mode != "sum"
+
+
+def checks(cfg: Config, w: Workload) -> str:
+    """How a config's kernel checks its indices (compute's `check`): the fastest measured for its loop nest at
+    the make-tune shape. Tiles above the rows: "walk". Pooling into the scratch: "branch" (its sums stay in
+    registers either way, and the branch is 10-45% faster at every unroll, with prefetch or without). Into the
+    output: "load" (under a branch LLVM stores the sums to the output every row: 2.5x slower without
+    prefetch, 3% faster with)."""
     if cfg[LOOP_ORDER] == "tiles_outer":
         return "walk"
-    return "branch" if cfg[UNROLL] > 1 else "load"
+    return "branch" if in_scratch(w, cfg) else "load"
 
 
 def lower(w: Workload, cfg: Config, target: Any) -> Any:
     """The scheduled IRModule of one CPU config: what `tvm.compile` builds."""
     from tvm.s_tir import Schedule
 
-    sch = Schedule(compute(w, cfg[PREFETCH], cfg[PREFETCH_LINES], checks(cfg)))
+    sch = Schedule(compute(w, cfg[PREFETCH], cfg[PREFETCH_LINES], checks(cfg, w), cfg[UNROLL], cfg[VECTOR],
+                           cfg[DIM_TILES], cfg[LOOP_ORDER] == "tiles_outer", cfg[ACCUMULATOR] == "local"))
     schedule(sch, w, cfg)
     return sch.mod

@@ -105,6 +105,65 @@ def test_cpu_unrolled_pooling_never_reads_past_the_indices():
     del keep
 
 
+@pytest.mark.parametrize("unroll", [1, 2, 4, 8])
+def test_cpu_unrolled_rows_carry_no_predicate_on_the_bags_length(unroll):
+    from test_embedding_bag import assert_whole_groups_and_a_remainder
+    from tvm.s_tir import Schedule
+
+    target = resolve("cpu").target()
+    w = tbe.Workload(**SMALL)
+    space = tbe.space(w, target)
+    for knobs in (dict(prefetch=8), dict(accumulator="output")):
+        cfg = space.make({**space.default().to_json(), "unroll": unroll, **knobs})
+        assert_whole_groups_and_a_remainder(Schedule(tbe.lower(w, cfg, target)), unroll, str(cfg))
+
+
+UNROLLED = {  # workload fields, knobs: the modes and accumulators through the group and the remainder blocks
+    "sum-output": (dict(), dict(accumulator="output")),
+    "mean-int32-prefetch": (dict(mode="mean", index_dtype="int32"), dict(prefetch=4)),
+    "max-vector4": (dict(mode="max"), dict(vector=4)),
+}
+
+
+@pytest.mark.parametrize("unroll", [2, 4, 8])
+@pytest.mark.parametrize("case", UNROLLED)
+def test_cpu_unrolled_bags_of_every_length_pool_their_groups_and_the_rest(case, unroll):
+    """As embedding_bag's: each table's bags of 0 to 2*unroll+1 rows (table 1's in the other order) match the
+    bag-by-bag loop; a bad index in a group and in a remainder is flagged and adds nothing."""
+    fields, knobs = UNROLLED[case]
+    lengths = list(range(2 * unroll + 2))
+    batch = len(lengths)
+    task = make_task("batched_embedding_bag", "cpu", rows=(40, 9), dim=16, batch=batch, pooling=(0, lengths[-1]),
+                     **fields)
+    cfg = task.space.make({**task.space.default().to_json(), "unroll": unroll, **knobs})
+    w = task.workload
+    gen = torch.Generator().manual_seed(unroll)
+    weight, table_offsets = torch.randn(49, 16, generator=gen), torch.tensor([0, 40, 49])
+    offsets = torch.tensor([0] + lengths + lengths[::-1]).cumsum(0)
+    split = int(offsets[batch])
+    local = torch.cat([torch.randint(0, 40, (split,), generator=gen),
+                       torch.randint(0, 9, (int(offsets[-1]) - split,), generator=gen)])
+    dtype = getattr(torch, w.index_dtype)
+    k = (task, cfg, compile_module(task, cfg)["main"])
+    out, flag = call_raw(k, weight, table_offsets, local.to(dtype), offsets.to(dtype))
+    assert flag == 0
+    torch.testing.assert_close(out, per_table_loop(weight, table_offsets, local, offsets, batch, w.mode))
+    bad = local.clone()
+    first = int(offsets[batch - 1])  # table 0's last bag, then table 1's first: two groups and one row each
+    bad[[first + 1, first + 2 * unroll, split + 2 * unroll]] = torch.tensor([40, -1, 9])
+    out, flag = call_raw(k, weight, table_offsets, bad.to(dtype), offsets.to(dtype))
+    assert flag == FLAGS.INDEX_ERROR
+    if w.mode == "mean":  # a bad index counts, as a row of zeros (embedding_bag's with_absent_row)
+        padded = torch.cat([weight[:40], torch.zeros(1, 16), weight[40:], torch.zeros(1, 16)])
+        absent = bad.clone()
+        absent[:split] = torch.where((bad[:split] < 0) | (bad[:split] >= 40), 40, bad[:split])
+        absent[split:] = torch.where((bad[split:] < 0) | (bad[split:] >= 9), 9, bad[split:])
+        ref = per_table_loop(padded, torch.tensor([0, 41, 51]), absent, offsets, batch, "mean")
+    else:
+        ref = skipping_bad(weight, table_offsets, bad, offsets, batch, w.mode)
+    torch.testing.assert_close(out, ref)
+
+
 def test_cpu_kernel_serves_other_batches_and_table_sizes_than_tuned():
     task = make_task("batched_embedding_bag", "cpu", **SMALL)
     other = tbe.Workload(rows=(5, 60, 11), dim=16, batch=21, pooling=(1, 5))
@@ -294,8 +353,8 @@ def tiny_inputs():
 
 
 def kernel(kind, mode="sum"):
-    """A compiled kernel (cached for the module): "cpu" (guarded loads), "cpu-branch" (a branch per row, for
-    unrolled loops), or "gpu" (the CUDA schedule's CPU twin)."""
+    """A compiled kernel (cached for the module): "cpu" (guarded loads: pooling in the output), "cpu-branch" (a
+    branch per row: pooling in the local scratch, unrolled), or "gpu" (the CUDA schedule's CPU twin)."""
     import tvm
 
     if (kind, mode) not in _BUILT:
@@ -305,7 +364,9 @@ def kernel(kind, mode="sum"):
             cfg = tbe.space(task.workload, target).default()
             func = tvm.compile(tbe_cuda.lower_emulation(task.workload, cfg, target), target="llvm")["main"]
         else:
-            cfg = task.space.make({**task.space.default().to_json(), **({"unroll": 4} if kind == "cpu-branch" else {})})
+            knobs = {"unroll": 4, "accumulator": "local"} if kind == "cpu-branch" else {"accumulator": "output"}
+            cfg = task.space.make({**task.space.default().to_json(), **knobs})
+            assert tbe_cpu.in_scratch(task.workload, cfg) == (kind == "cpu-branch")
             func = compile_module(task, cfg)["main"]
         _BUILT[kind, mode] = (task, cfg, func)
     return _BUILT[kind, mode]
