@@ -322,15 +322,19 @@ def _to(x: Any, device: Any) -> Any:
     return x
 
 
-def _compare(out: Any, ref: Any, rtol: float, atol: float) -> tuple[float, float, str | None]:
+def _compare(out: Any, ref: Any, rtol: Any, atol: Any) -> tuple[float, float, str | None]:
     """(max abs error, max error / allowed error, why it fails or None), with torch.isclose's rule; an op
-    returning several tensors: the worst of them, and the first failure."""
+    returning several tensors: the worst of them (each with its own tolerance where the template gives one per
+    output), and the first failure."""
     import torch
 
     if isinstance(ref, tuple):
         if not isinstance(out, tuple) or len(out) != len(ref):
             return 0.0, 0.0, f"output is not {len(ref)} tensors like PyTorch's"
-        each = [_compare(o, r, rtol, atol) for o, r in zip(out, ref)]
+        from .runtime import nth_tolerance
+
+        each = [_compare(o, r, nth_tolerance(rtol, i), nth_tolerance(atol, i))
+                for i, (o, r) in enumerate(zip(out, ref))]
         why = next((f"output {i}: {w}" for i, (_, _, w) in enumerate(each) if w is not None), None)
         return max(e for e, _, _ in each), max(r for _, r, _ in each), why
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):

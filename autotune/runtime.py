@@ -284,8 +284,8 @@ class BoundKernel:
     def __call__(self, *tensors: Any) -> Any:
         args, out = self._kernel_args(self.workload, self.config, self.pack(tensors) if self._positions else (),
                                       *tensors)
-        if self.on_gpu:
-            with self._torch.cuda.device(out.device):
+        if self.on_gpu:  # the outputs' GPU (the first, for a template returning several tensors)
+            with self._torch.cuda.device((out[0] if isinstance(out, tuple) else out).device):
                 call(self.func, args, on_gpu=True)
         else:
             self.func(*args)
@@ -368,14 +368,24 @@ def time_cuda(run: Callable[[], None], timing: Timing, l2_bytes: int) -> list[fl
 
 
 # ---- checking a candidate against the reference -----------------------------------------------------------
-def mismatch(out: Any, ref: Any, rtol: float, atol: float) -> str | None:
-    """Why `out` is not `ref` within tolerance, or None if it is (a tuple output: each tensor in turn)."""
+Tolerance = float | Sequence[float]  # one for every output, or one per output of an op returning several
+
+
+def nth_tolerance(tol: Tolerance, i: int) -> float:
+    """Output `i`'s rtol or atol from a template's `tolerance`: the same for all outputs, or one each."""
+    return float(tol) if isinstance(tol, (int, float)) else float(tol[i])
+
+
+def mismatch(out: Any, ref: Any, rtol: Tolerance, atol: Tolerance) -> str | None:
+    """Why `out` is not `ref` within tolerance, or None if it is (a tuple output: each tensor in turn, with its
+    own rtol and atol where the template gives one per output)."""
     import torch
 
     if isinstance(ref, tuple):
         if not isinstance(out, tuple) or len(out) != len(ref):
             return f"output is not a tuple of {len(ref)} tensors like the reference"
-        whys = (mismatch(o, r, rtol, atol) for o, r in zip(out, ref))
+        whys = (mismatch(o, r, nth_tolerance(rtol, i), nth_tolerance(atol, i))
+                for i, (o, r) in enumerate(zip(out, ref)))
         return next((f"output {i}: {why}" for i, why in enumerate(whys) if why is not None), None)
     if tuple(out.shape) != tuple(ref.shape):
         return f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"

@@ -51,7 +51,7 @@ extern "C" {
 float expf(float); double exp(double); float logf(float); double log(double); float sqrtf(float);
 double sqrt(double); float fabsf(float); double fabs(double); float fmaxf(float, float); float fminf(float, float);
 double fmax(double, double); double fmin(double, double); float tanhf(float); float powf(float, float);
-float floorf(float); float ceilf(float); float erff(float);
+float floorf(float); float ceilf(float); float erff(float); float nearbyintf(float); float rintf(float);
 }
 static float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static float __expf(float x) { return expf(x); }

@@ -332,34 +332,81 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
-def test_linear_relu_layers_become_quantize_rows_and_qmatmul():
+def test_an_mlp_becomes_one_int8_chain_whose_activations_stay_int8():
+    """13 -> 64 -> 48 -> 40 -> 1: the narrow head runs weight-only and the next two layers int8, each layer but
+    the last quantizing its output for the next in its own kernel; the 1-wide output layer stays fp32."""
     model = MLP()
     args = (torch.randn(16, 13),)
     gm = capture(model, args)
     matches, kept = run_rule(gm, args, "qmatmul")
     bits = activation_bits(torch.device("cpu"))
     qmax = {7: 63, 8: 127}[bits]
-    assert [m.tasks for m in matches] == [
-        (("qmatmul", dict(m=16, k=64, n=48, mode="int8", bias=True, relu=True, a_bits=bits)),
-         ("quantize_rows", dict(rows=16, cols=64, qmax=qmax))),
-        (("qmatmul", dict(m=16, k=48, n=40, mode="int8", bias=True, relu=False, a_bits=bits)),
-         ("quantize_rows", dict(rows=16, cols=48, qmax=qmax)))]
-    assert "ReLU fused" in matches[0].what and "ReLU" not in matches[1].what
-    assert sorted(k.why.split(":")[0] for k in kept) == ["in_features 13 < 32", "out_features 1 < 8"]
-    calls = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.qmatmul.default]
-    assert [n.args[-2:] for n in calls] == [(True, bits), (False, bits)]  # the ReLU is fused into the first one
-    quantizes = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.quantize_rows.default]
-    assert [n.args[1] for n in quantizes] == [qmax, qmax]
-    assert sum(n.target is aten.relu.default for n in gm.graph.nodes) == 1  # the 13-feature layer's stays
-    assert sum(n.target is torch.ops.autotune.quantize_rows.default for n in gm.graph.nodes) == 2
+    assert [m.tasks for m in matches] == [(
+        ("qmatmul_requant", dict(m=16, k=13, n=64, mode="weight_only", bias=True, relu=True, a_bits=8,
+                                 out_qmax=qmax)),
+        ("qmatmul_requant", dict(m=16, k=64, n=48, mode="int8", bias=True, relu=True, a_bits=bits, out_qmax=qmax)),
+        ("qmatmul", dict(m=16, k=48, n=40, mode="int8", bias=True, relu=False, a_bits=bits)))]
+    assert "2 qmatmul_requant" in matches[0].what and "head weight-only" in matches[0].what
+    assert [k.why.split(":")[0] for k in kept] == ["out_features 1 < 8"]
+    requant = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.qmatmul_requant.default]
+    assert [n.args[2] is None for n in requant] == [True, False]  # the head takes float32 activations
+    assert [n.args[-3:] for n in requant] == [(True, 8, qmax), (True, bits, qmax)]
+    last = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.qmatmul.default]
+    assert len(last) == 1 and last[0].args[-2:] == (False, bits)
+    assert targets(gm).isdisjoint({aten.relu.default, torch.ops.autotune.quantize_rows.default})
     got, want = gm(*args), model(*args)
-    assert (got - want).abs().max() <= 0.05 * want.abs().max()  # int8 error through two layers
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()  # int8 error through three layers
+
+
+class TwoReaders(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.a, self.b = nn.Linear(40, 64), nn.Linear(64, 48), nn.Linear(64, 40)
+
+    def forward(self, x):
+        h = torch.relu(self.first(x))
+        return torch.cat([self.a(h), self.b(h)], 1)
+
+
+def test_a_layer_read_twice_quantizes_its_own_input_and_outputs_float32():
+    model = TwoReaders()
+    args = (torch.randn(16, 40),)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "qmatmul")
+    assert not kept and [[op for op, _ in m.tasks] for m in matches] == [["quantize_rows", "qmatmul"]] * 3
+    assert "qmatmul_requant" not in " ".join(m.what for m in matches)
+    assert sum(n.target is torch.ops.autotune.quantize_rows.default for n in gm.graph.nodes) == 3
+    got, want = gm(*args), model(*args)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+def test_chains_need_a_cpu_and_a_narrow_layer_only_leads_one(monkeypatch):
+    import search_spaces.qmatmul.graph as G
+
+    def layer(k, n, small=""):
+        return G._Layer(object(), None, 16, k, n, True, 7, small)
+
+    head, mid, tail, late = layer(13, 64, "narrow"), layer(64, 48), layer(48, 40), layer(40, 4, "narrow")
+    feeds = {(head, mid), (mid, tail), (tail, late)}
+    monkeypatch.setattr(G, "_feeds", lambda a, b: (a, b) in feeds)
+    assert G._chains([head, mid, tail], on_cpu=True) == [[head, mid, tail]]
+    assert G._chains([head, mid, tail], on_cpu=False) == [[mid], [tail]]  # a lone narrow layer stays fp32
+    assert G._chains([head, mid, tail, late], on_cpu=True) == [[head, mid, tail]]  # narrow after int8: not joined
+
+
+class OneLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 48)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
 
 
 def test_int8_tolerance_refuses_a_layer_without_its_relu():
     """The check by numbers must catch a plausible wrong rewrite (here: the ReLU dropped)."""
-    model = MLP()
-    args = (torch.randn(16, 13),)
+    model = OneLayer()
+    args = (torch.randn(16, 64),)
     gm = capture(model, args)
     values = example_values(gm, args)
     first = next(m for m in rule("qmatmul").find(gm, values, set()) if isinstance(m, GraphMatch))

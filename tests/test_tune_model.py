@@ -474,17 +474,18 @@ def test_a_second_call_with_the_same_logs_tunes_nothing(fp32_run, shared_workers
 
 @pytest.mark.slow
 def test_tiny_dlrm_int8(model, tmp_path, shared_workers):
-    """The int8 rule alone (the fp32 test covers the others): its layer runs quantize_rows + qmatmul kernels."""
+    """The int8 rule alone (the fp32 test covers the others): the bottom MLP's narrow head runs weight-only and
+    quantizes its output for the next layer in one kernel (qmatmul_requant), whose qmatmul outputs float32."""
     import search_spaces
 
     args = make_batch(model, BATCH)
     opt, report = at.tune_model(model, args, log_dir=tmp_path / "logs", trials=2, quantize=True, progress=False,
                                 bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
                                 require_speedup=False)  # batch 8: int8 need not win, its wiring is tested
-    assert {t.op for t in report.tasks} == {"qmatmul", "quantize_rows"}, str(report)
-    assert [r.where for r in report.replaced] == ["bottom.2, bottom.3"], str(report)  # the one wide layer
+    assert {t.op for t in report.tasks} == {"qmatmul", "qmatmul_requant"}, str(report)
+    assert [r.where for r in report.replaced] == ["bottom.0, bottom.1, bottom.2, bottom.3"], str(report)
     ops = _graph_ops(opt)
-    assert torch.ops.autotune.quantize_rows.default in ops and torch.ops.autotune.qmatmul.default in ops
+    assert torch.ops.autotune.qmatmul_requant.default in ops and torch.ops.autotune.qmatmul.default in ops
     assert 0 < report.max_abs_diff < 1e-2  # int8: not exact, but close on the probabilities
     other = make_batch(model, 13, seed=1)
     with torch.inference_mode():

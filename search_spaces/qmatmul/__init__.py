@@ -15,7 +15,7 @@ from . import cpu, cuda
 from .workload import Workload, baselines, check_inputs, inputs, padded_args, reference, tolerance, traffic
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "padded_dims", "reference", "space", "tolerance",
            "torch_binding", "traffic"]
 
 NAME = "qmatmul"
@@ -47,13 +47,13 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
     """Kernel arguments from reference-order tensors with the weight already packed by `pack`."""
-    return padded_args(w, _padded(w, cfg), packed, *tensors)
+    return padded_args(w, padded_dims(w, cfg), packed, *tensors)
 
 
 _PADDED: dict[tuple[int, int], tuple[Workload, Config, tuple[int, int, int]]] = {}
 
 
-def _padded(w: Workload, cfg: Config) -> tuple[int, int, int]:
+def padded_dims(w: Workload, cfg: Config) -> tuple[int, int, int]:
     """The padded (M, K, N) of a kernel, found again by the identity of its workload and config (2 us a call
     otherwise). The entry holds both, so their ids cannot be reused while it lives; bounded like a cache."""
     hit = _PADDED.get((id(w), id(cfg)))

@@ -1,22 +1,28 @@
 """The TE definition of quantized matmul both devices schedule: the reduction `C` and the fused epilogue `Y`
-over a packed weight whose layout the device's config chooses."""
+over a packed weight whose layout the device's config chooses, and optionally Y's row quantization for the
+next int8 layer (`amax`, `S`, `Q`: what qmatmul_requant computes)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..quantize_rows.workload import EPS
 from .workload import Workload
 
 # (kp, np_) -> the packed weight's placeholder and W[n, k] expressed on it
 PackedWeight = Callable[[int, int], tuple[Any, Callable[[Any, Any], Any]]]
 
 
-def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, unsigned_offset: int = 0) -> Any:
-    """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y).
+def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, unsigned_offset: int = 0,
+           out_qmax: int = 0) -> Any:
+    """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y),
+    or with `out_qmax` (A, ..., [bias], Q, S).
 
     `unsigned_offset` (u8 x s8 instructions): the activations enter the reduction as unsigned A + offset (`Au`),
     and the per-channel compensation `comp` = offset * sum_k W[n, k] (computed at packing time) is subtracted
-    before the epilogue."""
+    before the epilogue. `out_qmax` > 0: Y is an intermediate, quantized per row as quantize_rows does
+    (`amax` over the padded row: padded channels are exactly 0; `S` = max(amax, eps) / qmax; `Q` = Y / S
+    rounded half to even and clamped), so the next layer's activations never exist in float32 outside a task."""
     import tvm
     from tvm import te
 
@@ -57,4 +63,12 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     epilogue: Callable[[Any, Any], Any] = (lambda i, j: value(i, j) + bias[j]) if w.bias else value
     final = (lambda i, j: te.max(epilogue(i, j), tvm.tirx.const(0, "float32"))) if w.relu else epilogue
     Y = te.compute((mp, np_), final, name="Y")
-    return tvm.IRModule({"main": te.create_prim_func(args + [Y])})
+    if not out_qmax:
+        return tvm.IRModule({"main": te.create_prim_func(args + [Y])})
+    n = te.reduce_axis((0, np_), name="n")
+    amax = te.compute((mp,), lambda i: te.max(te.abs(Y[i, n]), axis=n), name="amax")
+    qmax = tvm.tirx.const(float(out_qmax), "float32")
+    S = te.compute((mp,), lambda i: te.max(amax[i], tvm.tirx.const(EPS, "float32")) / qmax, name="S")
+    Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(Y[i, j] / S[i]), qmax), -qmax).astype("int8"),
+                   name="Q")
+    return tvm.IRModule({"main": te.create_prim_func(args + [Q, S])})

@@ -47,8 +47,9 @@ _UNSIGNED_OFFSET = {"vnni": 128, "avx2_u7": 64}
 _INTRIN_NAME = {"vnni": intrinsics.VNNI_16x4, "avx2": intrinsics.AVX2_8x2, "avx2_u7": intrinsics.AVX2_8x4_U7}
 
 
-def space(w: Workload, target: Any) -> Space:
-    """The knob space on this CPU (an llvm target): only the int8 intrinsics the CPU has are offered."""
+def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
+    """The knob space on this CPU (an llvm target): only the int8 intrinsics the CPU has are offered.
+    `whole_rows` (a row-quantizing epilogue needs each row's max): a task owns whole rows, so no N_BLOCK."""
     if target.kind.name != "llvm":
         raise InvalidConfig(f"qmatmul has no CPU schedule for target kind {target.kind.name!r}")
     intrins = ["none"]
@@ -64,8 +65,9 @@ def space(w: Workload, target: Any) -> Space:
         return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
 
     layouts = LAYOUT.options if w.mode == "int8" else ("n16k1", "n8k1")
-    return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, M_BLOCK,
-                  N_BLOCK, UNROLL, THREADING],
+    blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
+    return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, *blocks, UNROLL,
+                  THREADING],
                  [Constraint("the intrinsic fixes the layout", layout_ok),
                   Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
                   Constraint("weight-only has no int8 intrinsic", lambda c: w.mode == "int8" or c[INTRINSIC] == "none")],
@@ -105,10 +107,11 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 
 # ---- the computation and its schedule -----------------------------------------------------------------------
-def compute(w: Workload, cfg: Config) -> Any:
-    """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles."""
+def compute(w: Workload, cfg: Config, out_qmax: int = 0) -> Any:
+    """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles (`out_qmax`:
+    with the output quantized per row, `compute.define`)."""
     return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_),
-                           unsigned_offset=_UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0))
+                           unsigned_offset=_UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0), out_qmax=out_qmax)
 
 
 def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
@@ -120,14 +123,16 @@ def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, 
     return Wp, lambda j, k: Wp[j // nb, k // kb, j % nb, k % kb]
 
 
-def schedule(sch: Any, w: Workload, cfg: Config) -> None:
-    """Apply `cfg` to the schedule of `compute(w, cfg)`: parallel (m_block x n_block) tasks of register tiles."""
+def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
+    """Apply `cfg` to the schedule of `compute(w, cfg, out_qmax)`: parallel (m_block x n_block) tasks of register
+    tiles; with `out_qmax`, tasks of whole rows that quantize the rows they computed (`_quantize_rows`)."""
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
     mp, kp, np_ = padded(w, cfg)
     mt, nv = cfg[M_TILE], cfg[N_VECTORS]
     y, c = sch.get_sblock("Y"), sch.get_sblock("C")
     i, j = sch.get_loops(y)
-    mb, nblk = _block(mp, cfg[M_BLOCK], mt), _block(np_, cfg[N_BLOCK], nb * nv)
+    mb = _block(mp, cfg[M_BLOCK], mt)
+    nblk = np_ if out_qmax else _block(np_, cfg[N_BLOCK], nb * nv)
     io, ii = sch.split(i, [None, mb])
     jo, ji = sch.split(j, [None, nblk])
     sch.reorder(io, jo, ii, ji)
@@ -166,11 +171,33 @@ def schedule(sch: Any, w: Workload, cfg: Config) -> None:
     if intrin != "none":
         sch.tensorize(cji, intrinsics.ensure(_INTRIN_NAME[intrin]))
     sch.vectorize(jii)
+    if out_qmax:
+        _quantize_rows(sch, outer)
 
 
-def lower(w: Workload, cfg: Config, target: Any) -> Any:
+_LANES = 8  # fp32 lanes of the row max and the quantizing pass (one AVX2 register; padded rows are whole 8s)
+
+
+def _quantize_rows(sch: Any, task: Any) -> None:
+    """The row quantization inside each task, right after its rows' Y: the task's Y (m_block x N floats, its own
+    buffer) is still in L1/L2, and the next layer's activations leave the kernel as int8 + one scale per row.
+    The row max runs in `_LANES` partial maxes (rfactor: one vector max per 8 columns), folded once per row."""
+    amax, scale, q = (sch.get_sblock(name) for name in ("amax", "S", "Q"))
+    outer, lanes = sch.split(sch.get_loops(amax)[-1], [None, _LANES])
+    partial = sch.rfactor(lanes, 1)  # before moving: rfactor wants the reduction alone in its loops
+    for block in (partial, amax, scale, q):
+        sch.reverse_compute_at(block, task, preserve_unit_loops=True)  # the loops below stay nameable
+    lanes, rows, outer = sch.get_loops(partial)[-3:]  # rfactor put the lanes outermost
+    sch.reorder(rows, outer, lanes)
+    sch.reorder(*sch.get_loops(amax)[-2:][::-1])  # the fold: rows outer, each row's lanes inner
+    sch.vectorize(lanes)  # before decomposing: the update block alone is not a reduction
+    sch.vectorize(sch.get_loops(sch.decompose_reduction(partial, outer))[-1])
+    sch.vectorize(sch.split(sch.get_loops(q)[-1], [None, _LANES])[1])
+
+
+def lower(w: Workload, cfg: Config, target: Any, out_qmax: int = 0) -> Any:
     from tvm.s_tir import Schedule
 
-    sch = Schedule(compute(w, cfg))
-    schedule(sch, w, cfg)
+    sch = Schedule(compute(w, cfg, out_qmax))
+    schedule(sch, w, cfg, out_qmax)
     return sch.mod

@@ -170,10 +170,10 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 
 # ---- the computation and its schedules ----------------------------------------------------------------------
-def compute(w: Workload, cfg: Config) -> Any:
+def compute(w: Workload, cfg: Config, out_qmax: int = 0) -> Any:
     """The TE definition over the weight packed (N, K) for tensor cores, (K/4, N, 4) for CUDA cores, zero-padded
-    to whole tiles."""
-    return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_))
+    to whole tiles (`out_qmax`: with the output quantized per row, `compute.define`)."""
+    return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_), out_qmax=out_qmax)
 
 
 def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
@@ -187,12 +187,35 @@ def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, 
     return Wp, lambda j, k: Wp[j, k]
 
 
-def schedule(sch: Any, w: Workload, cfg: Config) -> None:
-    """One kernel: a thread block per block_m x block_n output tile, the epilogue fused after the reduction."""
+def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
+    """One kernel: a thread block per block_m x block_n output tile, the epilogue fused after the reduction;
+    with `out_qmax`, the row quantization after it (`_quantize_rows`)."""
     if cfg[COMPUTE] == "mma":
         _schedule_mma(sch, w, cfg)
     else:
         _schedule_cuda_cores(sch, w, cfg)
+    if out_qmax:
+        _quantize_rows(sch)
+
+
+_ROW_THREADS = 64  # threads per block of the row-quantizing kernels
+
+
+def _quantize_rows(sch: Any) -> None:
+    """The row quantization as two more kernels of the module, after the GEMM's (which writes Y to a global
+    scratch): a thread per row for the row max and scale, then a thread per element. Not fused into the GEMM's
+    thread blocks (a block holds block_n columns of a row, not the row), so Y makes one round trip through
+    memory; what the CUDA path saves is the separate op's launch and its float32 output."""
+    amax, scale, q = (sch.get_sblock(name) for name in ("amax", "S", "Q"))
+    for block in (amax, scale):
+        _bind_threads(sch, sch.get_loops(block)[0])
+    _bind_threads(sch, sch.fuse(*sch.get_loops(q)))
+
+
+def _bind_threads(sch: Any, loop: Any) -> None:
+    blocks, threads = sch.split(loop, [None, _ROW_THREADS])
+    sch.bind(blocks, "blockIdx.x")
+    sch.bind(threads, "threadIdx.x")
 
 
 def _stage(sch: Any, block: Any, index: int, at: Any, threads: tuple[int, ...], lanes: int, pad: int) -> Any:
@@ -347,9 +370,9 @@ def _by_lane(sch: Any, rows: Any, cols: Any) -> None:
     sch.bind(sch.fuse(il, jm), "threadIdx.x")
 
 
-def lower(w: Workload, cfg: Config, target: Any) -> Any:
+def lower(w: Workload, cfg: Config, target: Any, out_qmax: int = 0) -> Any:
     from tvm.s_tir import Schedule
 
-    sch = Schedule(compute(w, cfg))
-    schedule(sch, w, cfg)
+    sch = Schedule(compute(w, cfg, out_qmax))
+    schedule(sch, w, cfg, out_qmax)
     return sch.mod

@@ -1,9 +1,16 @@
-"""How a Linear (+ ReLU) layer appears in a captured graph, and the rule that runs it in int8.
+"""How Linear (+ ReLU) layers appear in a captured graph, and the rule that runs chains of them in int8.
 
 `aten.linear(x, w, b)` with w a float32 (N, K) parameter, and a following `aten.relu` when that is the linear's
-only user, becomes `q, s = torch.ops.autotune.quantize_rows(x, qmax)` (activations quantized per row in a tuned
-kernel, not in eager ops) then `torch.ops.autotune.qmatmul(q, wq, s, w_scale, b, relu, a_bits)`; wq and w_scale
-are quantized per output channel once, as `QuantLinear.from_float` does, and registered on the GraphModule.
+only user, is a layer; layers where each one's output feeds only the next one's input form a chain (an MLP).
+A chain of int8 layers becomes `q, s = torch.ops.autotune.quantize_rows(x, qmax)` (the first activations
+quantized per row in a tuned kernel, not in eager ops), then per layer `torch.ops.autotune.qmatmul_requant`,
+whose epilogue quantizes the layer's output for the next layer (the activations stay int8 between layers, and
+no float32 output round-trips through memory to a separate quantize kernel), and `torch.ops.autotune.qmatmul`
+for the last layer (float32 out). A head layer with too few inputs for int8 activations (DLRM's 13 dense
+features) that feeds an int8 layer runs weight-only (float32 inputs x int8 weights) with the same quantizing
+epilogue, instead of staying an fp32 Linear followed by a quantize. Weights are quantized per output channel
+once, as `QuantLinear.from_float` does, and registered on the GraphModule. The quantizing epilogue is a CPU
+kernel (a CPU task owns whole rows); on GPUs every layer quantizes its input with quantize_rows, as before.
 
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
@@ -14,12 +21,14 @@ from __future__ import annotations
 
 import functools
 import operator
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
 from .._graph import (attr, has_op, insertion_point, is_call, register, scalar_arg, sole_user, tensor_value, where,
                       workload_error)
+from ..qmatmul_requant.workload import Workload as RequantWorkload
 from ..template import GraphMatch, GraphRule, Kept
 from .torch_op import quantize_rows
 from .workload import Workload, a_range
@@ -29,12 +38,16 @@ __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES"]
 aten = torch.ops.aten
 RULE = "qmatmul"
 RELUS = (aten.relu.default, aten.relu_.default)
+_WORKLOADS = {RULE: Workload, "qmatmul_requant": RequantWorkload}  # the ops a chain runs: their fields' checks
 # Below these, int8 gains nothing: the layer is a few FLOPs per row (DLRM's 13-feature input layer, its 1-wide
 # output layer) and per-row quantization plus a second kernel launch cost more than the fp32 GEMM saves; int8 on
-# so few inputs (or outputs) also loses more accuracy relative to the work done.
+# so few inputs (or outputs) also loses more accuracy relative to the work done. Such a layer alone stays fp32;
+# at the head of an int8 chain it runs weight-only, quantizing its output for the next layer, which needs that
+# quantization anyway.
 MIN_IN_FEATURES = 32
 MIN_OUT_FEATURES = 8
-# int8 error, relative to the output's range: each product carries rounding errors of up to 1/254 of its row's
+# int8 error, relative to the output's range (a chain's last output: the errors of its layers add up, each a
+# fraction of the next one's range): each product carries rounding errors of up to 1/254 of its row's
 # (activation) and its channel's (weight) max |value|; they are independent, so over K products they add up to
 # about sqrt(K) / 254 of max|x| max|w|, a percent or so of max |y| for DLRM-sized layers. 5% of max |y| passes
 # that and refuses a layer computed wrongly (another weight, a missing bias or ReLU moves outputs by far more).
@@ -65,27 +78,39 @@ def activation_bits(device: torch.device) -> int:
     return 7 if device.type == "cpu" and not _host_has_avx512_vnni() else 8
 
 
-def _replace(linear: Any, relu: Any, out: Any, a_bits: int) -> Any:
-    def replace(gm: Any) -> tuple[Any, ...]:
-        x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
-        wq, w_scale = quantize_rows(attr(gm, w.target).detach().float())  # per output channel, once
-        with gm.graph.inserting_before(insertion_point(gm, [x, b], [out])):
-            wq_node = register(gm, "autotune_qweight", wq.contiguous())
-            scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
-            qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default, (x, a_range(a_bits)[1]))
-            q = gm.graph.call_function(operator.getitem, (qs, 0))
-            s = gm.graph.call_function(operator.getitem, (qs, 1))
-            new = gm.graph.call_function(torch.ops.autotune.qmatmul.default,
-                                         (q, wq_node, s, scale_node, b, relu is not None, a_bits))
-        for node in (wq_node, scale_node, qs, q, s, new):
-            node.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
-        return (new,)
+@dataclass(frozen=True)
+class _Layer:
+    """One Linear (+ ReLU) the rule can run: its nodes, its sizes, and why its activations may not be int8."""
 
-    return replace
+    linear: Any
+    relu: Any  # the fused ReLU node, or None
+    m: int
+    k: int
+    n: int
+    bias: bool
+    a_bits: int
+    small: str  # why int8 activations would not pay off here ("" when they would)
+
+    @property
+    def out(self) -> Any:
+        return self.relu or self.linear
+
+    @property
+    def nodes(self) -> list[Any]:
+        return [self.linear] + ([self.relu] if self.relu is not None else [])
+
+    def fields(self, mode: str = "int8", out_qmax: int = 0) -> dict[str, Any]:
+        """The workload fields of its kernel: qmatmul's, or qmatmul_requant's with `out_qmax`."""
+        f = dict(m=self.m, k=self.k, n=self.n, mode=mode, bias=self.bias, relu=self.relu is not None,
+                 a_bits=self.a_bits if mode == "int8" else 8)
+        return {**f, "out_qmax": out_qmax} if out_qmax else f
+
+    def what(self) -> str:
+        return f"Linear({self.k}, {self.n}){' + ReLU' if self.relu is not None else ''}"
 
 
-def _site(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> tuple[Any, ...] | str | None:
-    """(relu or None, output node, batch, k, n, bias) of a linear the rule can run, why not, or None."""
+def _layer(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> _Layer | str | None:
+    """The layer at `linear`, why the rule cannot run it (by structure), or None (no layer of the model's own)."""
     x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
     weight = attr(gm, w.target) if getattr(w, "op", None) == "get_attr" else None
     if not isinstance(weight, torch.Tensor):
@@ -96,9 +121,6 @@ def _site(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> tu
     if b is not None and not (isinstance(bias, torch.Tensor) and bias.dtype == torch.float32):
         return "its bias is not a float32 parameter"
     n, k = weight.shape
-    why = _why_not(k, n)
-    if why:
-        return why
     xv = tensor_value(gm, values, x)
     if not isinstance(xv, torch.Tensor) or xv.dim() != 2 or xv.dtype != torch.float32:
         shape = tuple(xv.shape) if isinstance(xv, torch.Tensor) else "unknown"
@@ -108,40 +130,120 @@ def _site(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> tu
     relu = sole_user(linear, *RELUS)
     if relu is not None and relu in claimed:
         relu = None
-    return relu, relu or linear, xv.shape[0], k, n, b is not None, activation_bits(xv.device)
+    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, activation_bits(xv.device), _why_not(k, n))
+
+
+def _feeds(layer: _Layer, nxt: _Layer) -> bool:
+    """Whether `layer`'s output is `nxt`'s input and nothing else's (so it may leave `layer` quantized)."""
+    users = list(layer.out.users)
+    return users == [nxt.linear] and nxt.linear.args[0] is layer.out
+
+
+def _chains(layers: list[_Layer], on_cpu: bool) -> list[list[_Layer]]:
+    """Layers grouped into chains: runs of int8 layers each feeding the next, led by a too-narrow head layer
+    (weight-only) where one feeds the run. The quantizing epilogue is CPU-only: on GPUs each layer is its own."""
+    chains: list[list[_Layer]] = []
+    for layer in layers:
+        last = chains[-1][-1] if chains else None
+        # a too-narrow layer only as a chain's head (a too-narrow output would make the next layer too narrow)
+        if (on_cpu and last is not None and not layer.small and _feeds(last, layer)
+                and (not last.small or len(chains[-1]) == 1)):
+            chains[-1].append(layer)
+        else:
+            chains.append([layer])
+    return [c for c in chains if not c[0].small or len(c) > 1]  # a lone too-narrow layer stays fp32
+
+
+def _plan(chain: list[_Layer]) -> list[tuple[str, dict[str, Any]]]:
+    """(op, workload fields) per layer: qmatmul_requant quantizing for the next layer, qmatmul for the last."""
+    plan = []
+    for layer, nxt in zip(chain, chain[1:]):
+        plan.append(("qmatmul_requant",
+                     layer.fields("weight_only" if layer.small else "int8", a_range(nxt.a_bits)[1])))
+    plan.append((RULE, chain[-1].fields()))
+    return plan
+
+
+def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any:
+    def replace(gm: Any) -> tuple[Any, ...]:
+        first = chain[0]
+        biases = [scalar_arg(layer.linear, 2, "bias", None) for layer in chain]
+        with gm.graph.inserting_before(insertion_point(gm, [first.linear.args[0], *biases], [chain[-1].out])):
+            x = first.linear.args[0]
+            if first.small:  # weight-only head: float32 in, no a_scale
+                a, a_scale = x, None
+            else:
+                qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default, (x, a_range(first.a_bits)[1]))
+                a = gm.graph.call_function(operator.getitem, (qs, 0))
+                a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
+                for node in (qs, a, a_scale):
+                    node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
+            for layer, b, (op, fields) in zip(chain, biases, plan):
+                wq, w_scale = quantize_rows(attr(gm, layer.linear.args[1].target).detach().float())  # once
+                wq_node = register(gm, "autotune_qweight", wq.contiguous())
+                scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
+                args = (a, wq_node, a_scale, scale_node, b, fields["relu"], fields["a_bits"])
+                stack = layer.linear.meta.get("nn_module_stack", {})
+                if op == RULE:
+                    out = gm.graph.call_function(torch.ops.autotune.qmatmul.default, args)
+                    layer_new = [wq_node, scale_node, out]
+                else:
+                    qs = gm.graph.call_function(torch.ops.autotune.qmatmul_requant.default,
+                                                (*args, fields["out_qmax"]))
+                    a = gm.graph.call_function(operator.getitem, (qs, 0))
+                    a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
+                    layer_new = [wq_node, scale_node, qs, a, a_scale]
+                for node in layer_new:
+                    node.meta["nn_module_stack"] = stack
+        return (out,)
+
+    return replace
 
 
 def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
-    """Every Linear(+ReLU) on float32 parameters, in graph order."""
+    """Every chain of Linear(+ReLU) layers on float32 parameters (a lone layer is a chain of one), in graph
+    order; a lone layer too narrow for int8 is kept, saying why."""
+    layers = []
     for linear in [n for n in gm.graph.nodes if is_call(n, aten.linear.default) and n not in claimed]:
-        site = _site(gm, values, linear, claimed)
-        if site is None:
-            continue
-        nodes = [linear]
-        if isinstance(site, str):
-            yield Kept(RULE, where(nodes), site)
-            continue
-        relu, out, m, k, n, bias, a_bits = site
-        nodes += [relu] if relu is not None else []
-        missing = [op for op in ("quantize_rows", "qmatmul") if not has_op(op)]
+        layer = _layer(gm, values, linear, claimed)
+        if isinstance(layer, str):
+            yield Kept(RULE, where([linear]), layer)
+        elif layer is not None:
+            layers.append(layer)
+    on_cpu = all(tensor_value(gm, values, layer.linear.args[0]).device.type == "cpu" for layer in layers)
+    chains = _chains(layers, on_cpu)
+    chained = {id(layer) for chain in chains for layer in chain}
+    for layer in layers:
+        if id(layer) not in chained:
+            yield Kept(RULE, where(layer.nodes), layer.small)
+    for chain in chains:
+        nodes = [node for layer in chain for node in layer.nodes]
+        ops = ["quantize_rows"] * (not chain[0].small) + ["qmatmul_requant"] * (len(chain) > 1) + [RULE]
+        missing = [op for op in ops if not has_op(op)]
         if missing:
             yield Kept(RULE, where(nodes), f"torch.ops.autotune.{missing[0]} is not registered (import autotune.torch)")
             continue
-        fields = dict(m=m, k=k, n=n, mode="int8", bias=bias, relu=relu is not None, a_bits=a_bits)
-        why = workload_error(Workload, fields)
+        plan = _plan(chain)
+        why = next((f"{layer.what()}: {e}" for layer, (op, fields) in zip(chain, plan)
+                    if (e := workload_error(_WORKLOADS[op], fields))), "")
         if why:
             yield Kept(RULE, where(nodes), why)
             continue
-        ref = tensor_value(gm, values, out)
+        tasks = [("quantize_rows", dict(rows=chain[0].m, cols=chain[0].k, qmax=a_range(chain[0].a_bits)[1]))]
+        tasks = (tasks if not chain[0].small else []) + plan
+        ref = tensor_value(gm, values, chain[-1].out)
         scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
+        bits = chain[-1].a_bits
         yield GraphMatch(
-            rule=RULE, nodes=tuple(nodes), outputs=(out,),
-            tasks=((RULE, fields), ("quantize_rows", dict(rows=m, cols=k, qmax=a_range(a_bits)[1]))),
-            replace=_replace(linear, relu, out, a_bits), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6),
-            where=where(nodes),
-            what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> quantize_rows + int8 qmatmul"
-                 f"{' (7-bit activations)' if a_bits == 7 else ''}"
-                 f"{' (ReLU fused)' if relu is not None else ''}")
+            rule=RULE, nodes=tuple(nodes), outputs=(chain[-1].out,), tasks=tuple(tasks),
+            replace=_replace(chain, plan), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
+            what=" -> ".join(layer.what() for layer in chain) + " -> "
+                 + ("quantize_rows + " if not chain[0].small else "")
+                 + ("int8 qmatmul" if len(chain) == 1 else
+                    f"{len(chain) - 1} qmatmul_requant (int8 out) + qmatmul: int8 between layers"
+                    + (" (the head weight-only)" if chain[0].small else ""))
+                 + (" (7-bit activations)" if bits == 7 else "")
+                 + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else ""))
 
 
 RULES = (GraphRule(RULE, find, priority=40, quantizes=True),)

@@ -21,7 +21,8 @@ from ..quantize_rows.workload import quantize_rows  # eager symmetric int8 per r
 from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
 from .workload import A_BITS, Workload, a_range, inputs, qmatmul_reference
 
-__all__ = ["BINDING", "QuantLinear", "check", "op_arguments", "qmatmul", "quantize_rows"]
+__all__ = ["BINDING", "QuantLinear", "cases", "check", "check_operands", "op_arguments", "qmatmul", "quantize_rows",
+           "run_chunk"]
 
 OP = "qmatmul"
 
@@ -41,16 +42,22 @@ def check(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
     """What the op's semantics reject, as clear errors (dtypes, shapes like nn.Linear's, scales, one device).
     Metadata only, in one expression; `_explain` says what is wrong when it fails. The one pass over data:
     with `a_bits=7`, the activations' range (a kernel relying on it would saturate silently otherwise)."""
+    check_operands(OP, a, weight, a_scale, w_scale, bias, a_bits)
+
+
+def check_operands(op: str, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
+                   bias: Optional[Tensor], a_bits: int) -> None:
+    """`check` for op `op` (qmatmul, or an op that takes qmatmul's operands: errors name the op called)."""
     sa, sw = a.shape, weight.shape
     if (len(sa) == 2 and len(sw) == 2 and sw[1] == sa[1] and weight.dtype is _I8
             and (_vector(a_scale, sa[0]) if a.dtype is _I8 else a.dtype is _F32 and a_scale is None)
             and _vector(w_scale, sw[0]) and (bias is None or _vector(bias, sw[0]))
             and fits(a, weight, a_scale, w_scale, bias)):
         if a_bits != 8:  # the 7-bit calls int8 models make: their range, checked on the fast path too
-            _check_a_bits(a, a_bits)
+            _check_a_bits(op, a, a_bits)
         return
-    _explain(a, weight, a_scale, w_scale, bias)
-    _check_a_bits(a, a_bits)
+    _explain(op, a, weight, a_scale, w_scale, bias)
+    _check_a_bits(op, a, a_bits)
 
 
 _I8, _F32 = torch.int8, torch.float32
@@ -61,36 +68,37 @@ def _vector(t: Optional[Tensor], size: int) -> bool:
     return t is not None and t.dtype is _F32 and t.dim() == 1 and t.shape[0] == size
 
 
-def _explain(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor]) -> None:
-    need(a.dim() == 2, OP, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
-    need(a.dtype in (torch.int8, torch.float32), OP,
+def _explain(op: str, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
+             bias: Optional[Tensor]) -> None:
+    need(a.dim() == 2, op, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
+    need(a.dtype in (torch.int8, torch.float32), op,
          f"a must be int8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
-    need(weight.dtype == torch.int8, OP, f"weight must be int8, got {weight.dtype}", InvalidDtype)
-    need(weight.dim() == 2 and weight.shape[1] == a.shape[1], OP,
+    need(weight.dtype == torch.int8, op, f"weight must be int8, got {weight.dtype}", InvalidDtype)
+    need(weight.dim() == 2 and weight.shape[1] == a.shape[1], op,
          f"weight must be (n, {a.shape[1]}) like nn.Linear's for a of shape {tuple(a.shape)}, "
          f"got {tuple(weight.shape)}")
     m, n = a.shape[0], weight.shape[0]
     if a.dtype == torch.int8:
-        need(a_scale is not None, OP, "int8 activations need a_scale (one float32 scale per row)")
+        need(a_scale is not None, op, "int8 activations need a_scale (one float32 scale per row)")
     else:
-        need(a_scale is None, OP, "float32 activations (weight-only) take no a_scale")
+        need(a_scale is None, op, "float32 activations (weight-only) take no a_scale")
     for name, t, size in (("a_scale", a_scale, m), ("w_scale", w_scale, n), ("bias", bias, n)):
         if t is not None:
-            need(t.dtype == torch.float32, OP, f"{name} must be float32, got {t.dtype}", InvalidDtype)
-            need(tuple(t.shape) == (size,), OP, f"{name} must be ({size},), got {tuple(t.shape)}")
-    same_device_contiguous(OP, a=a, weight=weight, a_scale=a_scale, w_scale=w_scale, bias=bias)
+            need(t.dtype == torch.float32, op, f"{name} must be float32, got {t.dtype}", InvalidDtype)
+            need(tuple(t.shape) == (size,), op, f"{name} must be ({size},), got {tuple(t.shape)}")
+    same_device_contiguous(op, a=a, weight=weight, a_scale=a_scale, w_scale=w_scale, bias=bias)
 
 
-def _check_a_bits(a: Tensor, a_bits: int) -> None:
+def _check_a_bits(op: str, a: Tensor, a_bits: int) -> None:
     """a_bits is 8 or 7, and 7-bit activations lie in their range (one aminmax pass)."""
-    need(a_bits in A_BITS and not isinstance(a_bits, bool), OP, f"a_bits must be 7 or 8, got {a_bits!r}"
+    need(a_bits in A_BITS and not isinstance(a_bits, bool), op, f"a_bits must be 7 or 8, got {a_bits!r}"
          + (" (the argument after relu is a_bits now: pass validate= by keyword)" if a_bits in (0, 1) else ""))
     if a_bits != 8:
-        need(a.dtype == torch.int8, OP, "a_bits applies to int8 activations only")
+        need(a.dtype == torch.int8, op, "a_bits applies to int8 activations only")
         lo, hi = a_range(a_bits)
         if a.numel():
             amin, amax = (int(v) for v in torch.aminmax(a))
-            need(lo <= amin and amax <= hi, OP,
+            need(lo <= amin and amax <= hi, op,
                  f"a_bits={a_bits} activations must lie in [{lo}, {hi}], got values in [{amin}, {amax}] "
                  f"(quantize them with quantize_rows(x, {hi}))")
 
@@ -110,8 +118,9 @@ def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
     return Route((k, n, _mode(a), bias is not None, relu, a_bits), a.shape[0])
 
 
-def _run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Tensor:
-    """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows, zero-padded up to it."""
+def run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Any:
+    """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows, zero-padded up to it: its output
+    (or each of its outputs, for qmatmul_requant's kernels) for those rows."""
     rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
     if rows == a.shape[0]:  # the whole call: no views to make (each costs a dispatch)
         a_c, s_c = a, a_scale
@@ -122,17 +131,19 @@ def _run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor],
         a_c = F.pad(a_c, (0, 0, 0, pad))
         s_c = None if s_c is None else F.pad(s_c, (0, pad))
     out = chunk.kernel(a_c, weight, *([] if s_c is None else [s_c]), *rest)
-    return out[:rows] if pad else out
+    if not pad:
+        return out
+    return tuple(o[:rows] for o in out) if isinstance(out, tuple) else out[:rows]
 
 
 def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
         bias: Optional[Tensor] = None, relu: bool = False, a_bits: int = 8, validate: bool = True) -> Tensor:
     rest = [w_scale] + ([] if bias is None else [bias])
     if len(chunks) == 1:
-        return _run_chunk(chunks[0], a, weight, a_scale, rest).contiguous()
+        return run_chunk(chunks[0], a, weight, a_scale, rest).contiguous()
     out = a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
     for chunk in chunks:
-        out[chunk.start:chunk.stop] = _run_chunk(chunk, a, weight, a_scale, rest)
+        out[chunk.start:chunk.stop] = run_chunk(chunk, a, weight, a_scale, rest)
     return out
 
 

@@ -191,10 +191,9 @@ def padded_weight(w: Workload, dims: tuple[int, int, int], weight: Any) -> Any:
     return wp
 
 
-def padded_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any
-                ) -> tuple[list[Any], Any]:
-    """Kernel arguments from reference-order tensors with the weight already packed, for a kernel computing
-    the padded `dims` (mp, kp, np_): (A, *packed, a_scale?, w_scale, bias?, Y), and the (M, N) output."""
+def padded_inputs(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any) -> list[Any]:
+    """The kernel's input arguments from reference-order tensors with the weight already packed, for a kernel
+    computing the padded `dims` (mp, kp, np_): (A, *packed, a_scale?, w_scale, bias?)."""
     import torch
 
     def pad(x: Any, widths: tuple[int, ...]) -> Any:  # copies only when the shape is not whole tiles
@@ -205,9 +204,19 @@ def padded_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], 
     a = pad(a, (0, kp - w.k, 0, mp - w.m))  # whole tiles and kb groups: zero-padded activations
     a_scale = [pad(rest.pop(0), (0, mp - w.m))] if w.mode == "int8" else []
     per_channel = [pad(x, (0, np_ - w.n)) for x in rest]  # w_scale[, bias]
-    out = torch.empty(mp, np_, dtype=torch.float32, device=a.device)
+    return [a, *packed, *a_scale, *per_channel]
+
+
+def padded_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any
+                ) -> tuple[list[Any], Any]:
+    """`padded_inputs` and the output Y (mp, np_), and the (M, N) output the caller gets."""
+    import torch
+
+    mp, _, np_ = dims
+    args = padded_inputs(w, dims, packed, *tensors)
+    out = torch.empty(mp, np_, dtype=torch.float32, device=args[0].device)
     # Padded rows and channels are computed and dropped: the caller gets an (M, N) view of the result.
-    return [a, *packed, *a_scale, *per_channel, out], out if (mp, np_) == (w.m, w.n) else out[: w.m, : w.n]
+    return [*args, out], out if (mp, np_) == (w.m, w.n) else out[: w.m, : w.n]
 
 
 def traffic(w: Workload, *tensors: Any) -> Traffic:
