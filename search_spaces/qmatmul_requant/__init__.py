@@ -20,8 +20,8 @@ from ..qmatmul import pack as _pack, padded_dims
 from ..space import Config
 from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
-from .workload import Workload, baselines, check_inputs, inputs, kernel_args as _kernel_args, reference, tolerance, \
-    traffic
+from .workload import (Workload, baselines, check_inputs, inputs, kernel_args as _kernel_args, reference, tolerance,
+                       traffic)
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
            "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
