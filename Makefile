@@ -15,6 +15,8 @@ LOG     ?= logs/local/embedding_bag.jsonl
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[test]'
+	# the torch ops' compiled call path, built once per machine (~20 s) rather than by the first op call
+	$(BIN)/python -c "import autotune.torch"
 	touch $(STAMP)
 
 install: $(STAMP)

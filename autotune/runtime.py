@@ -124,30 +124,51 @@ def _openmp_loaded() -> bool:
         return False
 
 
+def cache_dir() -> str:
+    """Where libraries compiled on this machine are kept ($AUTOTUNE_CACHE, else ~/.cache/autotune)."""
+    return os.environ.get("AUTOTUNE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "autotune")
+
+
+def compile_cached(name: str, source: str, command: Sequence[str], suffix: str = ".c", timeout: float = 300) -> str:
+    """The shared library `source` compiles to with `command` (the compiler and its flags; the source file and
+    `-o` output go right after the compiler), built once per machine into `cache_dir()` under a name that hashes the source and
+    the command, so a changed source or toolchain builds anew. Written by an atomic rename: a concurrent process
+    sees no half-written library. Raises OSError or subprocess.SubprocessError where it cannot be built."""
+    import hashlib
+    import subprocess
+    import tempfile
+
+    digest = hashlib.sha256("\0".join([source, *command]).encode()).hexdigest()[:16]
+    cache = cache_dir()
+    lib = os.path.join(cache, f"{name}-{digest}.so")
+    if not os.path.exists(lib):
+        os.makedirs(cache, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            src, out = os.path.join(tmp, name + suffix), os.path.join(tmp, name + ".so")
+            with open(src, "w") as f:
+                f.write(source)
+            # the source before the flags: libraries named before it would be dropped by --as-needed linkers
+            done = subprocess.run([command[0], src, "-o", out, *command[1:]], capture_output=True, text=True,
+                                  timeout=timeout)
+            if done.returncode:
+                errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
+                raise subprocess.SubprocessError(f"{command[0]} failed: " + "\n".join(errors[:5])[:2000])
+            os.replace(out, lib)
+    return lib
+
+
 def _bridge() -> tuple[int, int] | None:
     """(launch, barrier) addresses of the OpenMP launcher, compiled once per machine into a cache directory
     (it links the libgomp already loaded, PyTorch's); None where no C compiler is available."""
     with _BRIDGE_LOCK:
         if _BRIDGE:
             return _BRIDGE[0]
-        import hashlib
         import subprocess
-        import tempfile
         import warnings
 
-        digest = hashlib.sha256(_OMP_BRIDGE_SOURCE.encode()).hexdigest()[:16]
-        cache = os.environ.get("AUTOTUNE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "autotune")
-        lib = os.path.join(cache, f"omp_bridge-{digest}.so")
         try:
-            if not os.path.exists(lib):
-                os.makedirs(cache, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                    src, out = os.path.join(tmp, "bridge.c"), os.path.join(tmp, "bridge.so")
-                    with open(src, "w") as f:
-                        f.write(_OMP_BRIDGE_SOURCE)
-                    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-fopenmp", src, "-o", out],
-                                   check=True, capture_output=True, timeout=120)
-                    os.replace(out, lib)  # atomic: a concurrent process sees no half-written library
+            lib = compile_cached("omp_bridge", _OMP_BRIDGE_SOURCE,
+                                 [os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", "-fopenmp"], timeout=120)
             handle = ctypes.CDLL(lib)
             _BRIDGE.append(tuple(ctypes.cast(getattr(handle, f"autotune_omp_parallel_{n}"), ctypes.c_void_p).value
                                  for n in ("launch", "barrier")))

@@ -8,7 +8,8 @@ dispatcher's floor: an operator of the same schema whose Python kernel does noth
 (what any `torch.library` operator implemented in Python pays to be called: boxing the arguments into Python
 objects and the result back). The difference between the custom operator and the direct call is what the
 dispatcher, the checks, the kernel choice and the output allocation cost; the target is <= 10 us with
-validation on. Two figures per contender: the median wall
+validation on. The ops run on the compiled call path (autotune/torch/callpath.py) where it builds; run with
+AUTOTUNE_CALLPATH=python to time their Python kernels instead. Two figures per contender: the median wall
 time (the measurement core's timer) and the least CPU time of this thread over the rounds, which a shared
 machine disturbs least (torch and TVM run one thread each here: set TVM_NUM_THREADS=1).
 

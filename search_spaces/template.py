@@ -222,6 +222,10 @@ class TorchBinding:
     cases: Callable[[Any, int, int], Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]]
     #   (workload, seed, count) -> (case name, args, kwargs) of op calls that a kernel of this workload must
     #   serve and get right: several batch sizes and the operator's edge cases (`autotune check` runs them)
+    replayable: Callable[..., bool] | None = None  # (*args) -> whether this CPU call's validity and kernel rest
+    #   on the arguments' metadata alone (dtypes, shapes, strides, alignment, scalars: `check` reads no data, the
+    #   kernel checks it), so the compiled call path (autotune/torch/callpath.py) may replay the decision made
+    #   for a call of the same metadata; None: never
     backward: Callable[..., Any] | None = None  # torch.library.register_autograd's backward and setup_context
     setup_context: Callable[..., Any] | None = None
     rules: tuple[ModuleRule, ...] = ()
@@ -325,4 +329,5 @@ class Template(Protocol):
 # Optional members (the engine uses them where a template defines them):
 #   after_call(w, args, out) -> None: runs after every kernel call, with the kernel_args list; raises what the
 #       kernel flagged in its arguments (e.g. an index out of range the gather saw and skipped), so inputs are
-#       checked without an extra pass over them.
+#       checked without an extra pass over them. The flag is the kernel's last argument: an int32 zero on entry,
+#       nonzero where the call must raise (the compiled call path reads it so, and hands such calls to Python).

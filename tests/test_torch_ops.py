@@ -36,6 +36,7 @@ KERNELS = [
     ("qmatmul", dict(m=32, k=32, n=16)),
     ("qmatmul", dict(m=8, k=32, n=16, relu=True)),
     ("qmatmul", dict(m=8, k=32, n=16, a_bits=7)),  # 7-bit activations: AVX2's u8 kernels where the CPU has them
+    ("qmatmul", dict(m=8, k=32, n=32)),  # whole tiles of the default config: nothing padded per call (replayed)
     ("quantize_rows", dict(rows=8, cols=32)),  # QuantLinear quantizes its input with it
 ]
 
@@ -374,14 +375,26 @@ def test_a_call_needing_no_gradient_runs_the_kernel_in_grad_mode_without_an_auto
 
 def test_plain_cpu_tensors_in_grad_mode_take_the_direct_way(pkg):
     """The Autograd kernel runs the dispatch itself only for keysets it recognises as plain CPU/CUDA: a change
-    in torch's key layout would send every grad-mode call the slow way (correct, ~5 us dearer) unnoticed."""
+    in torch's key layout would send every grad-mode call the slow way (correct, ~5 us dearer) unnoticed. With the
+    compiled call path that kernel is C++ and sends the rest to the Python one (its `autograd` counter)."""
+    x, ly = torch.randn(5, 8), torch.randn(5, 3, 8)
+    fake = torch._subclasses.fake_tensor.FakeTensorMode()
+    if at.callpath.load() is not None:
+        before = at.callpath.stats("interaction")["autograd"]
+        with _errors_on_fallback():
+            INTER(x, ly)
+        assert at.callpath.stats("interaction")["autograd"] == before and calls(pkg, "interaction") == 1
+        with fake as mode:
+            INTER(mode.from_tensor(x), mode.from_tensor(ly))
+        assert at.callpath.stats("interaction")["autograd"] == before + 1  # fake tensors: torch's way
+        return
     decided = at.ops._AUTOGRAD["interaction"].plain
     decided.clear()
     with _errors_on_fallback():
-        INTER(torch.randn(5, 8), torch.randn(5, 3, 8))
+        INTER(x, ly)
     assert len(decided) == 1 and next(iter(decided.values())) is not None and calls(pkg, "interaction") == 1
-    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
-        INTER(mode.from_tensor(torch.randn(5, 8)), mode.from_tensor(torch.randn(5, 3, 8)))
+    with fake as mode:
+        INTER(mode.from_tensor(x), mode.from_tensor(ly))
     assert len(decided) == 2 and list(decided.values())[1] is None  # fake tensors: torch's way
 
 
@@ -685,3 +698,123 @@ def test_each_bindings_cases_are_calls_its_kernel_serves(op):
         out, fake = binding.op(*args, **kwargs), binding.fake(*args, **kwargs)
         outs, fakes = (out, fake) if isinstance(out, tuple) else ((out,), (fake,))
         assert [(o.shape, o.dtype) for o in outs] == [(f.shape, f.dtype) for f in fakes], name
+
+
+# ---- the compiled call path (callpath.cpp): later calls of the same metadata replay the first one's decision -
+needs_callpath = pytest.mark.skipif(at.callpath.load() is None, reason="no compiled call path (no C++ compiler)")
+
+
+@pytest.fixture()
+def loaded(package):
+    """The package loaded as exported: no call counters (a counted kernel is not a TVM function: not replayed)."""
+    at.unload_all()
+    yield at.load(package)
+    at.unload_all()
+
+
+def _replays(op):
+    return at.callpath.stats(op)["replayed"]
+
+
+@needs_callpath
+@pytest.mark.parametrize("op, fields", KERNELS, ids=[f"{op}-{i}" for i, (op, _) in enumerate(KERNELS)])
+def test_replayed_calls_match_the_python_path_and_the_reference_on_every_case(loaded, op, fields):
+    """Each of the binding's cases (`autotune check`'s: batch sizes, empty bags, edge indices...) three times:
+    through the Python dispatch (recorded), replayed in grad mode and in inference mode: the replays are the
+    same kernel's bits, and within the template's tolerance of PyTorch's implementation."""
+    from autotune.runtime import mismatch
+
+    task = make_task(op, "cpu", **fields)
+    binding, kernel = at.ops.BINDINGS[task.template.NAME], getattr(torch.ops.autotune, task.template.NAME)
+    before, python = _replays(op), at.callpath.stats(op)["python"]
+    with _errors_on_fallback():
+        for name, args, kwargs in binding.cases(task.workload, 0, 2):
+            first = kernel(*args, **kwargs)
+            again = kernel(*args, **kwargs)
+            with torch.inference_mode():
+                third = kernel(*args, **kwargs)
+            torch.testing.assert_close(again, first, rtol=0, atol=0, msg=name)
+            torch.testing.assert_close(third, first, rtol=0, atol=0, msg=name)
+            assert mismatch(again, binding.op(*args, **kwargs), *task.template.tolerance(task.workload)) is None, name
+    if _replayable(task):
+        assert _replays(op) > before
+    else:
+        assert _replays(op) == before and at.callpath.stats(op)["python"] > python
+
+
+def _replayable(task):
+    """Whether calls of the task's default kernel replay: not for validated 7-bit activations (their range is
+    read), nor where qmatmul pads its operands (a copy per call, not a view of an argument)."""
+    if task.template.NAME != "qmatmul":
+        return True
+    w = task.workload
+    return w.a_bits == 8 and task.template.padded_dims(w, task.space.default()) == (w.m, w.k, w.n)
+
+
+@needs_callpath
+def test_a_replayed_call_the_kernel_flags_raises_as_the_python_path_does(loaded):
+    weight = torch.randn(50, 8)
+    idx, off = bags(8)
+    good = F.embedding_bag(idx, weight, off, mode="sum")
+    EB(weight, idx, off)
+    before = _replays("embedding_bag")
+    torch.testing.assert_close(EB(weight, idx, off), good)
+    assert _replays("embedding_bag") == before + 1
+    bad = idx.clone()
+    bad[-1] = 50
+    with pytest.raises(at.IndexOutOfRange, match=r"indices must be in \[0, 50\)"):
+        EB(weight, bad, off)
+    disordered = off.clone()
+    disordered[1], disordered[2] = off[2] + 1, off[2]
+    with pytest.raises(RuntimeError, match="offsets"):
+        EB(weight, idx, disordered)
+    torch.testing.assert_close(EB(weight, idx, off), good)  # and the next good call is replayed again
+    assert _replays("embedding_bag") == before + 2
+
+
+@needs_callpath
+def test_a_replayed_qmatmul_keeps_one_packing_per_weight_and_packs_an_updated_weight_anew(loaded):
+    from autotune.runtime import mismatch
+
+    qmm = search_spaces.get("qmatmul")
+    w = qmm.Workload(m=8, k=32, n=32)
+    a, w1, a_s, w_s, bias = qmm_inputs(8, n=32)
+    w2 = qmm_inputs(8, n=32, seed=1)[1]
+
+    def agrees(weight):
+        return mismatch(QMM(a, weight, a_s, w_s, bias), qmm.reference(w, a, weight, a_s, w_s, bias),
+                        *qmm.tolerance(w)) is None
+
+    before = _replays("qmatmul")
+    for _ in range(3):  # two layers of one shape: a plan each, both replayed
+        assert agrees(w1) and agrees(w2)
+    assert _replays("qmatmul") == before + 4
+    w1.copy_(qmm_inputs(8, n=32, seed=2)[1])  # an in-place update (a new version): packed anew, then replayed
+    assert agrees(w1) and agrees(w1)
+    assert _replays("qmatmul") == before + 5
+
+
+@needs_callpath
+def test_loading_a_package_forgets_the_recorded_calls(loaded, package):
+    x, ly = torch.randn(5, 8), torch.randn(5, 3, 8)
+    INTER(x, ly)
+    assert at.callpath.stats("interaction")["plans"] >= 1
+    at.load(package)
+    assert at.callpath.stats("interaction")["plans"] == 0
+
+
+def test_the_python_call_path_serves_when_asked_for(package):
+    """AUTOTUNE_CALLPATH=python: the ops' Python kernels at every key (and a clear error for a wrong value)."""
+    code = (f"import torch, autotune.torch as at; assert at.callpath.load() is None; at.load({str(package)!r}); "
+            "x, ly = torch.randn(8, 8), torch.randn(8, 3, 8); "
+            "out = torch.ops.autotune.interaction(x, ly); "
+            "ref = at.ops.BINDINGS['interaction'].op(x, ly); "
+            "torch.testing.assert_close(out, ref); print('ok')")
+    env = {**os.environ, "AUTOTUNE_CALLPATH": "python"}
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    env["AUTOTUNE_CALLPATH"] = "fast"
+    done = subprocess.run([sys.executable, "-c", "import autotune.torch"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "AUTOTUNE_CALLPATH must be compiled or python, got 'fast'" in done.stderr

@@ -12,13 +12,16 @@ for all:
     implementation with one `NoTunedKernelWarning` per (op, device, signature, reason).
 
 Why not `torch.library.custom_op`: its Python layers cost ~16 us a call (6.5 us in inference mode), more than
-a small kernel. Here a call crosses from the dispatcher into Python once:
+a small kernel. Here a call crosses from the dispatcher into Python at most once:
   - the dispatch above is the kernel at the "CPU" and "CUDA" keys ("CompositeExplicitAutograd" serves other
     devices, which run PyTorch's implementation), and `torch.library.register_fake` gives the meta/fake one;
   - every op has a kernel at the "Autograd" key (`_autograd`): when no gradient is needed and the call holds
     plain CPU or CUDA tensors, it runs the dispatch itself, so grad mode costs what inference mode does; else
     (gradients, fake or functional tensors, dispatch modes) it takes the way `torch.library.register_autograd`
-    takes, redispatching below autograd. An op whose binding has no backward raises on backward, as before.
+    takes, redispatching below autograd. An op whose binding has no backward raises on backward, as before;
+  - on the CPU, where the compiled call path builds (`callpath`), a C++ kernel takes the CPU and Autograd keys:
+    it replays the CPU dispatch's decision for calls of metadata seen before (no Python at all: ~1-3 us over
+    the TVM function) and hands everything else to the two Python kernels above.
 
 Tensors reach the kernel as they are: tvm_ffi converts torch tensors through DLPack's C exchange API, without
 copies (about 0.2 us a tensor); on a GPU the kernel runs on PyTorch's current stream.
@@ -43,7 +46,7 @@ from torch._library.autograd import make_autograd_impl
 import search_spaces
 from search_spaces.template import IndexOutOfRange, InvalidDtype, InvalidInput, Route, TorchBinding
 
-from . import registry
+from . import callpath, registry
 from .registry import REGISTRY, device_key, load_default
 
 __all__ = ["BINDINGS", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "LIBRARY", "NoTunedKernelWarning",
@@ -87,8 +90,9 @@ BINDINGS: dict[str, TorchBinding] = {}  # NAME -> binding of every registered op
 _AUTOGRAD: dict[str, Callable[..., Any]] = {}  # NAME -> its kernel at the Autograd key
 
 
-def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., Any]:
-    """The op's implementation at one dispatch key: everything per op is looked up here, once, not per call.
+def _dispatch(name: str, b: TorchBinding, device: str | None) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The op's implementation at one dispatch key, and its recording twin (`callpath`): everything per op is
+    looked up here, once, not per call.
 
     `device` is the kernel device when the key names it ("cpu"); None reads it from the call's first tensor."""
     params = list(inspect.signature(b.op).parameters.values())
@@ -98,19 +102,19 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., A
     arity = len(params)
     device_arg = next(i for i, p in enumerate(params) if "Tensor" in str(p.annotation))
     check, route, run, fallback, describe, plan = b.check, b.route, b.run, b.op, b.describe, REGISTRY.plan
+    replayable = b.replayable
     plans = REGISTRY.plans  # the registry's cache of plans, read without a call
 
-    def impl(*args: Any) -> Any:
-        if len(args) < arity:  # the dispatcher leaves trailing defaults out
-            args = args + defaults[len(args):]
+    def select(args: tuple[Any, ...]) -> Any:
+        """The chunks that run the call, or None where PyTorch's implementation must (warned once)."""
         if args[-1]:
             check(*args)
         r = route(*args)
         if r.__class__ is not Route:
             _fallback(name, device or device_key(args[device_arg].device), None, r)
-            return fallback(*args)
+            return None
         if r.size < 1:  # nothing for a kernel to do: not worth one (nor a warning)
-            return fallback(*args)
+            return None
         if not registry._DEFAULT_LOADED:
             load_default()
         dev = device or device_key(args[device_arg].device)
@@ -119,11 +123,25 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> Callable[..., A
             chunks = plan(name, dev, r.signature, r.size)
         if chunks is None:
             _fallback(name, dev, r.signature, f"no loaded kernel for {describe(r.signature)} on {dev}")
-            return fallback(*args)
-        return run(chunks, *args)
+        return chunks
+
+    def impl(*args: Any) -> Any:
+        if len(args) < arity:  # the dispatcher leaves trailing defaults out
+            args = args + defaults[len(args):]
+        chunks = select(args)
+        return fallback(*args) if chunks is None else run(chunks, *args)
+
+    def record(*args: Any) -> tuple[Any, Any]:
+        """`impl`, and how the compiled call path may replay the call (None: it may not)."""
+        chunks = select(args)
+        if chunks is None:
+            return fallback(*args), None
+        if len(chunks) != 1 or replayable is None or not replayable(*args):
+            return run(chunks, *args), None
+        return callpath.capture(chunks[0].kernel, lambda: run(chunks, *args), args)
 
     impl.__doc__ = b.op.__doc__
-    return impl
+    return impl, record
 
 
 @dataclass
@@ -173,14 +191,16 @@ def register(template: Any) -> TorchBinding | None:
         return None
     schema = torch.library.infer_schema(b.op, mutates_args=())
     LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
-    direct = {"cpu": _dispatch(name, b, "cpu"), "cuda": _dispatch(name, b, None)}
-    LIBRARY.impl(name, direct["cpu"], "CPU")
-    LIBRARY.impl(name, direct["cuda"], "CUDA")
-    LIBRARY.impl(name, _dispatch(name, b, None), "CompositeExplicitAutograd")  # other devices: PyTorch's
+    (cpu, record), (any_device, _) = _dispatch(name, b, "cpu"), _dispatch(name, b, None)
+    direct = {"cpu": cpu, "cuda": any_device}
+    LIBRARY.impl(name, any_device, "CUDA")
+    LIBRARY.impl(name, any_device, "CompositeExplicitAutograd")  # other devices: PyTorch's
     torch.library.register_fake(f"autotune::{name}", b.fake, lib=LIBRARY)
     op = getattr(torch.ops.autotune, name).default
     _AUTOGRAD[name] = _autograd(op, b, direct)
-    LIBRARY.impl(name, _AUTOGRAD[name], "Autograd", with_keyset=True)
+    if not callpath.install(name, cpu, record, _AUTOGRAD[name]):  # else C++ serves the CPU and Autograd keys
+        LIBRARY.impl(name, cpu, "CPU")
+        LIBRARY.impl(name, _AUTOGRAD[name], "Autograd", with_keyset=True)
     BINDINGS[name] = b
     return b
 

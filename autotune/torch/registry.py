@@ -26,6 +26,7 @@ from search_spaces.space import Config
 from search_spaces.template import TorchBinding
 
 from .. import runtime
+from . import callpath
 from ..package import read_manifest
 
 __all__ = ["Chunk", "LoadedKernel", "Package", "Registry", "REGISTRY", "StalePackage", "device_key", "load",
@@ -169,12 +170,14 @@ class Registry:
                 bucket[:] = [b for b in bucket if b.size != k.size] + [k]
                 bucket.sort(key=lambda b: b.size)
             self.plans.clear()
+            callpath.invalidate()  # the compiled call path's recorded calls may name other kernels now
 
     def clear(self) -> None:
         with self._lock:
             self.packages.clear()
             self._by_signature.clear()
             self.plans.clear()
+            callpath.invalidate()
 
     def kernels(self, op: str, device: str, signature: tuple[Any, ...]) -> list[LoadedKernel]:
         return self._by_signature.get((op, device, signature), [])

@@ -259,8 +259,14 @@ def _linear_to_quant(module: nn.Module, next_module: Any, has_kernel: Any, valid
     return f"no int8 qmatmul kernel for k={fields[0]} n={fields[1]} bias={fields[3]}"
 
 
+def replayable(a: Tensor, weight: Tensor, *rest: Any) -> bool:
+    """Unless a validated call promises 7-bit activations: `check` then reads their range (its one data pass).
+    (qmatmul_requant's operands come first in the same order, its `validate` last.)"""
+    return not rest[-1] or rest[4] == 8  # rest: a_scale, w_scale, bias, relu, a_bits, ..., validate
+
+
 BINDING = TorchBinding(
     op=qmatmul, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.m,
-    any_size=False, describe=describe, cases=cases,
+    any_size=False, describe=describe, cases=cases, replayable=replayable,
     rules=(ModuleRule("nn.Linear(+ReLU) -> QuantLinear", _linear_to_quant, quantizes=True),),
     exports=(("QuantLinear", QuantLinear), ("quantize_rows", quantize_rows)))

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .._torch_checks import need
-from ..qmatmul.torch_op import cases as _qmatmul_cases, check_operands, run_chunk
+from ..qmatmul.torch_op import cases as _qmatmul_cases, check_operands, replayable, run_chunk
 from ..qmatmul.workload import qmatmul_reference
 from ..quantize_rows.workload import QMAX, QMIN, quantize_rows
 from ..template import Route, TorchBinding
@@ -84,4 +84,4 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
 
 BINDING = TorchBinding(
     op=qmatmul_requant, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.m,
-    any_size=False, describe=describe, cases=cases)
+    any_size=False, describe=describe, cases=cases, replayable=replayable)
