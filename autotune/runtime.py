@@ -131,9 +131,10 @@ def cache_dir() -> str:
 
 def compile_cached(name: str, source: str, command: Sequence[str], suffix: str = ".c", timeout: float = 300) -> str:
     """The shared library `source` compiles to with `command` (the compiler and its flags; the source file and
-    `-o` output go right after the compiler), built once per machine into `cache_dir()` under a name that hashes the source and
-    the command, so a changed source or toolchain builds anew. Written by an atomic rename: a concurrent process
-    sees no half-written library. Raises OSError or subprocess.SubprocessError where it cannot be built."""
+    `-o` output go right after the compiler), built once per machine into `cache_dir()` under a name that hashes
+    the source and the command, so a changed source or toolchain builds anew. Written by an atomic rename: a
+    concurrent process sees no half-written library. Raises OSError or subprocess.SubprocessError where it
+    cannot be built."""
     import hashlib
     import subprocess
     import tempfile

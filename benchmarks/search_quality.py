@@ -10,11 +10,13 @@ Every run starts from an empty log and a cold model (tune's `transfer=()`); `--t
 all of them measure through one `MeasurementCache` (autotune/measure_cache.py): a config is measured once and
 every run that proposes it sees the same number, so no strategy wins by a lucky draw of the same config.
 
-Figures, against the best latency measured in the whole benchmark: best-after-N medians over seeds, and per
-seed the first trial whose best-so-far is within the margin of the best (a run that never gets there counts as
-twice the budget in the median). `--noise K` times the default and the best config K times each (one build,
-K measurements of that library); when the best config's interquartile spread (IQR/median) exceeds --margin,
-the margin used is that spread: a smaller one would rank runs by noise.
+Figures: best-after-N medians over seeds, and per seed the first trial whose best-so-far is within the margin
+of the reference (a run that never gets there counts as twice the budget in the median). The reference is the
+least median of repeated measurements of the configs logged fastest (`--confirm N`, default 5), not the best
+single measurement, which is the luckiest draw of hundreds and may lie below what that config runs at.
+`--noise K` times the default and the best config K times each (one build, K measurements of that library);
+when the best config's interquartile spread (IQR/median) exceeds --margin, the margin used is that spread: a
+smaller one would rank runs by noise.
 """
 
 from __future__ import annotations
@@ -241,6 +243,28 @@ def remeasure(task: Task, builder: Any, runner: Any, cfg: Any, k: int) -> tuple[
     return out, error
 
 
+def confirm(task: Task, cache: MeasurementCache, mine: Sequence[Any], n: int, k: int,
+            measured_best: dict[str, Any] | None) -> dict[str, Any]:
+    """The reference latency of trials-to-margin: the least median of `k` re-measurements of the `n` configs with
+    the best logged latencies (the benchmark's best single measurement is the luckiest of hundreds: one config
+    of the embedding bag logged 0.695 ms and re-measured 0.813 ms, a target no run could reach but by luck)."""
+    firsts: dict[str, Any] = {}
+    for r in sorted(mine, key=lambda r: r.latency):
+        firsts.setdefault(r.config_key, r)
+    medians = []
+    for i, r in enumerate(list(firsts.values())[:n]):
+        if i == 0 and measured_best and measured_best.get("latencies"):  # already re-measured (--noise)
+            lat = measured_best["latencies"]
+        else:
+            lat, _ = remeasure(task, cache.inner_builder, cache.inner_runner, task.space.from_json(r.config), k)
+        if lat:
+            medians.append((statistics.median(lat), r.config, r.latency))
+    if not medians:
+        return {"latency_s": None, "configs": 0}
+    median, config, logged = min(medians, key=lambda m: m[0])
+    return {"latency_s": median, "config": config, "logged_s": logged, "configs": len(medians), "k": k}
+
+
 def summarize(runs: list[dict[str, Any]], contenders: Sequence[Contender], best: float, margin: float,
               trials: int) -> dict[str, dict[str, Any]]:
     """Per contender: best-after-N medians over seeds, trials to within the margin per seed, their median,
@@ -359,11 +383,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--png", metavar="PATH")
     p.add_argument("--noise", type=int, default=10, metavar="K", help="time the default and the best config K times")
     p.add_argument("--margin", type=float, default=0.05)
+    p.add_argument("--confirm", type=int, default=5, metavar="N",
+                   help="re-measure the N configs logged fastest; the least median is the reference (0: the "
+                        "best single measurement)")
     p.add_argument("--timing", default="", help="number=N,repeat=N,min_repeat_ms=MS (default: the tuner's)")
     a = p.parse_args(argv)
     try:
-        if a.seeds < 1 or a.trials < 1 or a.noise < 0 or not 0 <= a.margin < 1:
-            raise ValueError("--seeds and --trials must be >= 1, --noise >= 0 and --margin in [0, 1)")
+        if a.seeds < 1 or a.trials < 1 or a.noise < 0 or a.confirm < 0 or not 0 <= a.margin < 1:
+            raise ValueError("--seeds and --trials must be >= 1, --noise and --confirm >= 0 and --margin in [0, 1)")
         contenders = parse_contenders(a.contenders)
         if a.transfer and TRANSFER_LABEL in {c.label for c in contenders}:
             raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
@@ -405,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 for which, cfg in (("default", default), ("best", task.space.from_json(top.config))):
                     lat, err = remeasure(task, cache.inner_builder, cache.inner_runner, cfg, a.noise)
                     noise[which] = {"config": cfg.to_json(), "latencies": lat, "error": err, **spread(lat)}
+            confirmed = confirm(task, cache, mine, a.confirm, max(a.noise, 5), noise.get("best"))
         finally:
             cache.close()
 
@@ -418,9 +446,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         margin = a.margin
         why = ("requested" + (f"; the best config's interquartile spread over {a.noise} measurements is "
                               f"{best_iqr:.1%}" if math.isfinite(best_iqr) else "; noise not measured"))
-    summary = summarize(runs, contenders, best, margin, a.trials)
+    reference = confirmed["latency_s"] if confirmed["latency_s"] is not None else best
+    summary = summarize(runs, contenders, reference, margin, a.trials)
 
     print(f"\n{name}: {a.seeds} seeds x {a.trials} trials, fresh logs; best {_ms(best)} ms ({top.config})")
+    if confirmed["latency_s"] is not None:
+        print(f"reference: {_ms(reference)} ms, the least median of {confirmed['k']} re-measurements of the "
+              f"{confirmed['configs']} configs logged fastest ({confirmed['config']}, logged "
+              f"{_ms(confirmed['logged_s'])} ms)")
     for which, s in noise.items():
         print(f"noise, {which} config: median {_ms(s['median_s'])} ms, (max-min)/median {s['range_rel']:.1%}, "
               f"IQR/median {s['iqr_rel']:.1%} over {s['n']} measurements" + (f"; {s['error']}" if s["error"] else ""))
@@ -434,14 +467,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     out = {"op": task.op, "shape": a.shape, "device": task.device.name, "workload_key": task.workload_key,
            "seeds": a.seeds, "trials": a.trials, "checkpoints": checkpoints(a.trials),
-           "best": {"latency_s": best, "config": top.config},
+           "best": {"latency_s": best, "config": top.config}, "reference": confirmed,
            "margin": {"requested": a.margin, "used": margin, "why": why}, "noise": noise,
            "cache": {"path": a.cache, "measured": cache.misses, "hits": cache.hits},
            "transfer": transfer_info, "contenders": summary, "runs": runs}
     if a.json:
         Path(a.json).write_text(json.dumps(_finite(out), indent=1) + "\n", encoding="utf-8")
     if a.png:
-        plot(a.png, runs, contenders, a.trials, best * (1 + margin),
+        plot(a.png, runs, contenders, a.trials, reference * (1 + margin),
              f"{name}: median and min-max over {a.seeds} seeds")
     return out
 

@@ -8,8 +8,9 @@ dispatcher's floor: an operator of the same schema whose Python kernel does noth
 (what any `torch.library` operator implemented in Python pays to be called: boxing the arguments into Python
 objects and the result back). The difference between the custom operator and the direct call is what the
 dispatcher, the checks, the kernel choice and the output allocation cost; the target is <= 10 us with
-validation on. The ops run on the compiled call path (autotune/torch/callpath.py) where it builds; run with
-AUTOTUNE_CALLPATH=python to time their Python kernels instead. Two figures per contender: the median wall
+validation on. The ops run on the compiled call path (autotune/torch/callpath.py) where it builds; beside
+them, the Python dispatch it falls back to, called directly (a call through the Python kernels costs that plus
+the floor; AUTOTUNE_CALLPATH=python times them through the dispatcher). Two figures per contender: the median wall
 time (the measurement core's timer) and the least CPU time of this thread over the rounds, which a shared
 machine disturbs least (torch and TVM run one thread each here: set TVM_NUM_THREADS=1).
 
@@ -45,6 +46,7 @@ WORKLOADS = {
 }
 ONE_HOT = dict(rows=200000, dim=64, batch=2048, pooling=(1, 1))
 RAW = "TVM function, ready arguments"
+PYTHON = "Python dispatch, called directly"
 FLOOR = "dispatcher floor (no-op kernel)"
 _FLOOR_LIB = torch.library.Library("autotune_overhead_floor", "DEF")  # the no-op twins of the ops (kept alive)
 
@@ -93,10 +95,12 @@ def contenders(op: str, kernel: at.LoadedKernel) -> dict[str, Callable[[], Any]]
         torch_path = lambda: template.reference(w, *tensors)  # noqa: E731
     unchecked = lambda: custom(*targs, **kwargs, validate=False)  # noqa: E731
     checked = lambda: custom(*targs, **kwargs)  # noqa: E731
+    python = python_dispatch(op, targs, kwargs)
     floor = floor_op(op, kernel(*tensors))
     return {
         RAW: lambda: kernel.func(*args),
         "loaded kernel (args + output)": lambda: kernel(*tensors),
+        PYTHON: lambda: python(),
         "custom op, validate=False": unchecked,
         "custom op, validate=False, inference": Inference(unchecked),
         "custom op, validate=True": checked,
@@ -104,6 +108,17 @@ def contenders(op: str, kernel: at.LoadedKernel) -> dict[str, Callable[[], Any]]
         "PyTorch": torch_path,
         FLOOR: lambda: floor(*targs, **kwargs),
     }
+
+
+def python_dispatch(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """The op's Python CPU dispatch called directly (validation on): what a call costs without the compiled call
+    path, less the dispatcher's own boxing (the floor below)."""
+    import inspect
+
+    bound = inspect.signature(at.ops.BINDINGS[op].op).bind(*args, **kwargs)
+    bound.apply_defaults()
+    impl, full = at.ops.PYTHON_DISPATCH[op], tuple(bound.args)
+    return lambda: impl(*full)
 
 
 def timed(fns: dict[str, Callable[[], Any]], rounds: int, seconds: float) -> dict[str, float]:
@@ -159,6 +174,7 @@ def one_hot(pkg: at.Package, rounds: int) -> None:
         "custom op, validate=True": lambda: custom(weight, idx, off),
         "custom op, validate=True, inference": Inference(lambda: custom(weight, idx, off)),
         "custom op, validate=False": lambda: custom(weight, idx, off, validate=False),
+        PYTHON: python_dispatch("embedding_bag", (weight, idx, off), {}),
         "loaded kernel (args + output)": lambda: kernel(weight, idx, off),
     }
     med = timed(fns, rounds, 0.3)
@@ -181,8 +197,8 @@ def main() -> None:
         tasks = [make_task(op, "cpu", **fields) for op, fields in WORKLOADS.items()]
         tasks.append(make_task("embedding_bag", "cpu", **ONE_HOT))
         logged = records.load_many(args.log)
-        export([records.best(logged, t.op, t.workload_key, t.device.name) or t.record(t.space.default(), costs=(0.0,)) for t in tasks],
-               pkg_dir)
+        export([records.best(logged, t.op, t.workload_key, t.device.name) or t.record(t.space.default(), costs=(0.0,))
+                for t in tasks], pkg_dir)
     pkg = at.load(pkg_dir)
     one_hot(pkg, args.rounds)  # at the process's thread settings, as a model would run it
     torch.set_num_threads(1)  # small inputs: the figure is the fixed cost, not parallel speed

@@ -1,5 +1,6 @@
 """The compiler-free runtime: the one measurement core (BoundKernel, check_and_time) every runner uses."""
 
+import os
 import weakref
 
 import pytest
@@ -150,3 +151,18 @@ def test_the_runtime_imports_nothing_of_autotune_or_tvm():
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not [n for n in names if n.split(".")[0] in ("tvm", "autotune", "search_spaces")], names
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
+
+
+def test_compile_cached_builds_once_per_source_and_says_what_failed(tmp_path, monkeypatch):
+    import ctypes
+    import subprocess
+
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
+    cmd = [os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC"]
+    one = runtime.compile_cached("probe", "int probe(void) { return 1; }", cmd)
+    assert runtime.compile_cached("probe", "int probe(void) { return 1; }", cmd) == one  # cached, not rebuilt
+    two = runtime.compile_cached("probe", "int probe(void) { return 2; }", cmd)  # another source: another library
+    assert two != one and [ctypes.CDLL(p).probe() for p in (one, two)] == [1, 2]
+    with pytest.raises(subprocess.SubprocessError, match="error"):
+        runtime.compile_cached("broken", "int broken(void) { return }", cmd)
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (one, two))  # no half-written file

@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -222,7 +223,7 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     warm = tmp_path / "warm.jsonl"
     records.append(warm, [other.record(c, costs=(1e-5 * (i + 1),)) for i, c in enumerate(list(other.space)[:5])])
     out = sq.main(["--op", "quantize_rows", "--shape", shape, "--seeds", "2", "--trials", "4", "--noise", "2",
-                   "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
+                   "--confirm", "2", "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
                    "--timing", "number=1,repeat=2,min_repeat_ms=1",
                    "--json", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])
     printed = capsys.readouterr().out
@@ -237,6 +238,9 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     assert d["checkpoints"] == [4] and set(d["contenders"]["xgb"]["best_after"]) == {"4"}
     assert all(len(d["noise"][w]["latencies"]) == 2 for w in ("default", "best"))
     assert d["margin"]["used"] >= max(0.05, d["noise"]["best"]["iqr_rel"]) - 1e-12
+    # the reference: the least median of re-measurements of the 2 configs logged fastest (the best's own: --noise)
+    assert d["reference"]["configs"] == 2 and d["reference"]["k"] == 5
+    assert d["reference"]["latency_s"] <= statistics.median(d["noise"]["best"]["latencies"])
     # every config was measured once, however many runs proposed it
     assert d["cache"]["measured"] == len({json.dumps(r.config, sort_keys=True)
                                           for r in records.load(tmp_path / "cache.jsonl")})

@@ -795,6 +795,21 @@ def test_a_replayed_qmatmul_keeps_one_packing_per_weight_and_packs_an_updated_we
 
 
 @needs_callpath
+def test_arguments_sharing_a_buffer_are_replayed_as_themselves(loaded):
+    """x and ly views of one buffer (DLRM's fused (B, 1+T, D) layout), then separate tensors of the same metadata:
+    the replay must read each argument, not the first one's buffer at the second's offset."""
+    flat = torch.randn(8 * 8 + 8 * 3 * 8)
+    x, ly = flat[:64].view(8, 8), flat[64:].view(8, 3, 8)
+    ref = at.ops.BINDINGS["interaction"].op
+    torch.testing.assert_close(INTER(x, ly), ref(x, ly))
+    before = _replays("interaction")
+    x2, ly2 = torch.randn(8, 8), torch.randn(8, 3, 8)
+    torch.testing.assert_close(INTER(x2, ly2), ref(x2, ly2))
+    torch.testing.assert_close(INTER(x, ly), ref(x, ly))
+    assert _replays("interaction") == before + 2
+
+
+@needs_callpath
 def test_loading_a_package_forgets_the_recorded_calls(loaded, package):
     x, ly = torch.randn(5, 8), torch.randn(5, 3, 8)
     INTER(x, ly)
@@ -803,8 +818,9 @@ def test_loading_a_package_forgets_the_recorded_calls(loaded, package):
     assert at.callpath.stats("interaction")["plans"] == 0
 
 
-def test_the_python_call_path_serves_when_asked_for(package):
-    """AUTOTUNE_CALLPATH=python: the ops' Python kernels at every key (and a clear error for a wrong value)."""
+def test_the_python_call_path_serves_when_asked_for_or_without_a_compiler(package, tmp_path):
+    """AUTOTUNE_CALLPATH=python, or no C++ compiler: the ops' Python kernels at every key (and a clear error for a
+    wrong value)."""
     code = (f"import torch, autotune.torch as at; assert at.callpath.load() is None; at.load({str(package)!r}); "
             "x, ly = torch.randn(8, 8), torch.randn(8, 3, 8); "
             "out = torch.ops.autotune.interaction(x, ly); "
@@ -814,6 +830,15 @@ def test_the_python_call_path_serves_when_asked_for(package):
     done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    # no C++ compiler: one warning saying so, and the Python kernels serve
+    code = (f"import warnings, torch; warnings.simplefilter('always'); import autotune.torch as at; "
+            f"at.load({str(package)!r}); x, ly = torch.randn(8, 8), torch.randn(8, 3, 8); "
+            "ref = at.ops.BINDINGS['interaction'].op(x, ly); "
+            "torch.testing.assert_close(torch.ops.autotune.interaction(x, ly), ref)")
+    env.update(AUTOTUNE_CALLPATH="compiled", AUTOTUNE_CACHE=str(tmp_path), CXX="/nonexistent/c++")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("the compiled one could not be built") == 1, done.stderr[-2000:]
     env["AUTOTUNE_CALLPATH"] = "fast"
     done = subprocess.run([sys.executable, "-c", "import autotune.torch"], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -424,10 +424,11 @@ void install(const std::string& name, py::object impl, py::object rec, py::objec
   s->record = rec.release().ptr();
   s->autograd = autograd.release().ptr();
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "autotune", std::nullopt, __FILE__, __LINE__);
-  lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::CPU,
-                                          torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(s, false))));
-  lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
-                                          torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(s, true))));
+  for (bool autograd : {false, true}) {
+    auto key = autograd ? c10::DispatchKey::Autograd : c10::DispatchKey::CPU;
+    auto kernel = torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(s, autograd));
+    lib->impl(name.c_str(), torch::dispatch(key, std::move(kernel)));
+  }
   g_libs.push_back(std::move(lib));
   g_ops.push_back(s);
 }
@@ -474,6 +475,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "The compiled call path of torch.ops.autotune.* on the CPU (autotune/torch/callpath.py).";
   m.def("install", &install, "Serve op `name` at the CPU and Autograd keys, falling back to the Python kernels");
   m.def("invalidate", &invalidate, "Forget every recorded plan (kernels were loaded or unloaded)");
-  m.def("stats", &stats, "Counters of op `name`: calls replayed, recorded, sent to the Python dispatch or autograd; plans");
+  m.def("stats", &stats, "Counters of op `name`: calls replayed, recorded, sent to Python; plans held");
   m.attr("KINDS") = py::make_tuple("input", "packed", "fresh", "flag");
 }

@@ -151,6 +151,33 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes [first, end) a strided tensor's elements occupy."""
+    lo = hi = 0
+    for size, stride in zip(t.shape, t.stride()):
+        if stride >= 0:
+            hi += (size - 1) * stride
+        else:
+            lo += (size - 1) * stride
+    return t.data_ptr() + lo * t.element_size(), t.data_ptr() + (hi + 1) * t.element_size()
+
+
+def _view_of(a: torch.Tensor, call: Sequence[Any]) -> int | None:
+    """The op argument `a` is a view of: the argument itself, else the one whose own bytes hold all of `a`'s (not
+    merely its storage: two arguments may share one buffer in this call and not in the next of the same
+    metadata, which the replay would then read through the wrong one)."""
+    first, end = _span(a)
+    for i, c in enumerate(call):
+        if c is a:
+            return i
+    for i, c in enumerate(call):
+        if isinstance(c, torch.Tensor) and c.device.type == "cpu" and c.numel() and _storage(c) == _storage(a):
+            lo, hi = _span(c)
+            if lo <= first and end <= hi:
+                return i
+    return None
+
+
 def _spec(kernel: Any, func: Any, args: Sequence[Any], out: Any, call: Sequence[Any]) -> tuple[Any, ...] | None:
     if not callable(getattr(func, "__chandle__", None)):  # not a tvm-ffi function (a test's stand-in)
         return None
@@ -181,11 +208,11 @@ def _spec(kernel: Any, func: Any, args: Sequence[Any], out: Any, call: Sequence[
             packed.append(a)
             specs.append((PACKED, len(packed) - 1, 0, *shape))
             continue
-        source = next((i for i, c in enumerate(call) if isinstance(c, torch.Tensor) and c.device.type == "cpu"
-                       and c.numel() and _storage(c) == _storage(a)), None)
+        source = _view_of(a, call)
         if source is not None:
             specs.append((INPUT, source, a.data_ptr() - call[source].data_ptr(), *shape))
-        elif _storage(a) in out_storages and a.storage_offset() == 0:
+        elif _storage(a) in out_storages and a.storage_offset() == 0 and not any(
+                isinstance(c, torch.Tensor) and c.numel() and _storage(c) == _storage(a) for c in call):
             specs.append((FRESH, 0, 0, *shape))
         else:
             return None

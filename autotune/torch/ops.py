@@ -88,6 +88,8 @@ def _fallback(op: str, device: str, signature: Any, why: str) -> None:
 
 BINDINGS: dict[str, TorchBinding] = {}  # NAME -> binding of every registered op
 _AUTOGRAD: dict[str, Callable[..., Any]] = {}  # NAME -> its kernel at the Autograd key
+PYTHON_DISPATCH: dict[str, Callable[..., Any]] = {}  # NAME -> its Python CPU dispatch (positional arguments), which
+#   the compiled call path falls back to: benchmarks time it beside the op
 
 
 def _dispatch(name: str, b: TorchBinding, device: str | None) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -133,6 +135,8 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> tuple[Callable[
 
     def record(*args: Any) -> tuple[Any, Any]:
         """`impl`, and how the compiled call path may replay the call (None: it may not)."""
+        if len(args) < arity:
+            args = args + defaults[len(args):]
         chunks = select(args)
         if chunks is None:
             return fallback(*args), None
@@ -192,6 +196,7 @@ def register(template: Any) -> TorchBinding | None:
     schema = torch.library.infer_schema(b.op, mutates_args=())
     LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     (cpu, record), (any_device, _) = _dispatch(name, b, "cpu"), _dispatch(name, b, None)
+    PYTHON_DISPATCH[name] = cpu
     direct = {"cpu": cpu, "cuda": any_device}
     LIBRARY.impl(name, any_device, "CUDA")
     LIBRARY.impl(name, any_device, "CompositeExplicitAutograd")  # other devices: PyTorch's

@@ -342,6 +342,7 @@ def _replayable(*args: Any) -> bool:
 
 BINDING = TorchBinding(
     op=embedding_bag, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.batch,
-    any_size=True, replayable=_replayable, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
+    any_size=True, replayable=_replayable, describe=describe, cases=cases, backward=_backward,
+    setup_context=_setup_context,
     rules=(ModuleRule("nn.EmbeddingBag -> EmbeddingBag", _swap_embedding_bag),),
     exports=(("EmbeddingBag", EmbeddingBag),))

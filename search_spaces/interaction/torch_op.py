@@ -164,6 +164,7 @@ def _replayable(*args: Any) -> bool:
 
 BINDING = TorchBinding(
     op=interaction, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.batch,
-    any_size=True, replayable=_replayable, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
+    any_size=True, replayable=_replayable, describe=describe, cases=cases, backward=_backward,
+    setup_context=_setup_context,
     rules=(ModuleRule("DotInteraction (from extra=) kept only with a kernel", _keep_with_kernel),),
     exports=(("DotInteraction", DotInteraction),))
