@@ -34,6 +34,22 @@ def test_the_op_is_linear_and_relu(shape, bias, relu):
     assert (got >= 0).all() or not relu
 
 
+def test_a_weight_is_packed_once_and_again_after_an_in_place_update():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(16, 20), torch.randn(12, 20), torch.randn(12)
+    torch.testing.assert_close(op(x, w, b, True), linear(x, w, b, True), rtol=1e-5, atol=1e-5)
+    packed = dense._PACKED[id(w)][4]
+    op(x, w, b, True)
+    assert dense._PACKED[id(w)][4] is packed  # reused: no reorder per call
+    with torch.no_grad():
+        w.mul_(-2)  # an optimizer's step: a new version of the same tensor
+    torch.testing.assert_close(op(x, w, b, True), linear(x, w, b, True), rtol=1e-5, atol=1e-5)
+    assert dense._PACKED[id(w)][4] is not packed
+    w2 = w.clone()  # another weight: its own packing, the first one's kept
+    torch.testing.assert_close(op(x, w2, None, False), linear(x, w2, None, False), rtol=1e-5, atol=1e-5)
+    assert {id(w), id(w2)} <= set(dense._PACKED)
+
+
 def test_other_dtypes_run_pytorchs_linear():
     x, w, b = torch.randn(4, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64), None
     assert torch.equal(op(x, w, b, True), linear(x, w, b, True))
