@@ -299,6 +299,15 @@ class BoundKernel:
             self._packs = live  # replaced whole: a concurrent reader sees the old dict or the new one
             return packed
 
+    def packings(self) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        """(weights, packed tensors) of each packing held; a weight that died since is None."""
+        return [(tuple(s[0]() for s in stamps), packed) for stamps, packed in self._packs.values()]
+
+    @property
+    def flags_errors(self) -> bool:
+        """Whether the kernel's last argument is an error flag that the template's `after_call` reads."""
+        return self._after is not None
+
     def arguments(self, *tensors: Any) -> tuple[Sequence[Any], Any]:
         """The kernel's argument list (outputs allocated) and the output, as `__call__` passes them."""
         return self._kernel_args(self.workload, self.config, self.pack(tensors), *tensors)

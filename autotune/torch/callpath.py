@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
-import sys
 import sysconfig
 import threading
 import warnings
@@ -184,12 +183,12 @@ def _spec(kernel: Any, func: Any, args: Sequence[Any], out: Any, call: Sequence[
     packed: list[torch.Tensor] = []
     guards: list[tuple[int, torch.Tensor]] = []
     # packed tensor -> the weights it was packed from (a packing holds while all of them do)
-    weights = {id(p): tuple(s[0]() for s in stamps) for stamps, pack in kernel._packs.values() for p in pack}
+    weights = {id(p): sources for sources, pack in kernel.packings() for p in pack}
     outs = out if isinstance(out, tuple) else (out,)
     if not all(isinstance(o, torch.Tensor) for o in outs):
         return None
     out_storages = {_storage(o) for o in outs}
-    flag_at = len(args) - 1 if getattr(kernel, "_after", None) is not None else -1  # template.py: the flag's last
+    flag_at = len(args) - 1 if kernel.flags_errors else -1  # template.py: the error flag is the last argument
     specs: list[tuple[Any, ...]] = []
     for k, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or a.device.type != "cpu" or a.layout != torch.strided or not a.numel():
