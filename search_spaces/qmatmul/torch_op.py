@@ -259,10 +259,11 @@ def _linear_to_quant(module: nn.Module, next_module: Any, has_kernel: Any, valid
     return f"no int8 qmatmul kernel for k={fields[0]} n={fields[1]} bias={fields[3]}"
 
 
-def replayable(a: Tensor, weight: Tensor, *rest: Any) -> bool:
+def replayable(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor],
+               relu: bool, a_bits: int, *rest: Any) -> bool:
     """Unless a validated call promises 7-bit activations: `check` then reads their range (its one data pass).
-    (qmatmul_requant's operands come first in the same order, its `validate` last.)"""
-    return not rest[-1] or rest[4] == 8  # rest: a_scale, w_scale, bias, relu, a_bits, ..., validate
+    qmatmul_requant's operands come first in the same order; `validate` is last for both."""
+    return a_bits == 8 or not rest[-1]
 
 
 BINDING = TorchBinding(
