@@ -8,6 +8,10 @@
   annealing on the scores (AutoTVM's SA optimiser) when it is not;
 - with `rerank` (the program-feature model, which needs each candidate lowered) the cheap model shortlists
   `pool` times the batch and the program model picks from the shortlist;
+- with `diversity` r > 1 (as AutoTVM's `diversity_filter_ratio`; 3 by default, 1 turns it off) the model's
+  batch is taken from its r * n best in the model's order, skipping near-copies of configs already taken, not
+  n variants of one guess. That matters most when the model was trained on other shapes: their optimum is
+  near, not at, this one's (benchmarks/search_quality.py, README);
 - an `epsilon` share of every batch is random, so a wrong model cannot trap the search.
 """
 
@@ -47,11 +51,15 @@ def random_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     return _random_unseen(space, seen, n, rng)
 
 
-def spread_design(space: Space, seen: set[Config], n: int, rng: random.Random) -> list[Config]:
+DESIGNS = ("distance", "coverage")  # Space.spread's criteria: what a first batch no model chose spreads over
+
+
+def spread_design(space: Space, seen: set[Config], n: int, rng: random.Random,
+                  criterion: str = "distance") -> list[Config]:
     """n unmeasured configs spread over the space, the default first (what to measure knowing nothing)."""
     first = [c for c in (space.default(),) if c not in seen][:n]
     try:
-        picks = [c for c in space.spread(n, rng, first=first) if c not in seen]
+        picks = [c for c in space.spread(n, rng, first=first, criterion=criterion) if c not in seen]
     except ValueError:  # fewer valid configs than n: what is left, at random
         picks = first
     return picks + _random_unseen(space, seen | set(picks), n - len(picks), rng)
@@ -66,6 +74,23 @@ def _top_unseen(cands: Sequence[Config], scores: np.ndarray, seen: set[Config], 
         if cands[i] not in seen:
             out.append(cands[i])
     return out
+
+
+def diverse_pick(ranked: Sequence[Config], n: int) -> list[Config]:
+    """n of `ranked` (best first), in the model's order but skipping near-copies of configs already taken (those
+    differing in fewer than a third of the knobs, at least 2): a batch that hedges where the model is unsure
+    instead of n variants of one guess. Short of n, the best skipped ones fill up."""
+    if not ranked:
+        return []
+    apart = max(2, len(ranked[0].items) // 3)
+    out: list[Config] = []
+    for cfg in ranked:
+        if len(out) == n:
+            return out
+        if all(sum(a != b for a, b in zip(cfg.items, o.items)) >= apart for o in out):
+            out.append(cfg)
+    taken = set(out)
+    return out + [c for c in ranked if c not in taken][: n - len(out)]
 
 
 def annealing_search(space: Space, seen: set[Config], n: int, rng: random.Random,
@@ -129,25 +154,32 @@ def _anneal(space: Space, seen: set[Config], k: int, rng: random.Random, score: 
 def model_search(space: Space, seen: set[Config], n: int, rng: random.Random,
                  score: Scorer | None = None, elites: Sequence[Config] = (), *,
                  candidates: Sequence[Config] | None = None, rerank: Scorer | None = None,
-                 epsilon: float = 0.1, pool: int = 4, population: int = 64, steps: int = 60,
+                 epsilon: float = 0.1, pool: int = 4, diversity: float = 3.0, design: str = "distance",
+                 population: int = 64, steps: int = 60,
                  temperature: tuple[float, float] = (1.0, 0.0)) -> list[Config]:
     """n distinct unmeasured configs chosen by the cost model (see the module doc).
 
     `candidates`: the whole space, enumerated once by the caller, to score exhaustively (else annealing);
     `rerank`: a second scorer for the shortlist of `pool * n` the first one picks."""
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {design!r}")
     if score is None:
-        return spread_design(space, seen, n, rng)
+        return spread_design(space, seen, n, rng, design)
     if pool < 1:
         raise ValueError(f"pool must be >= 1, got {pool}")
+    if diversity < 1:
+        raise ValueError(f"diversity must be >= 1, got {diversity}")
     n_model = n - _n_random(n, epsilon)
-    k = n_model * (pool if rerank is not None else 1)
+    n_ranked = max(n_model, int(round(n_model * diversity)))
+    k = n_ranked * (pool if rerank is not None else 1)
     if candidates is not None:
         unseen = [c for c in candidates if c not in seen]
         shortlist = _top_unseen(unseen, score(unseen), seen, k) if unseen else []
     else:
         shortlist = _anneal(space, seen, k, rng, score, elites, population, steps, temperature)
-    chosen = _top_unseen(shortlist, rerank(shortlist), seen, n_model) if rerank is not None and shortlist \
-        else shortlist[:n_model]
+    ranked = _top_unseen(shortlist, rerank(shortlist), seen, n_ranked) if rerank is not None and shortlist \
+        else shortlist[:n_ranked]
+    chosen = diverse_pick(ranked, n_model) if n_ranked > n_model else ranked
     return chosen + _random_unseen(space, seen | set(chosen), n - len(chosen), rng)
 
 

@@ -161,7 +161,7 @@ class _Model:
 
         def ranker(fs: str) -> Ranker:
             training = TrainingSet(task.op, task.device.name, fs, search_spaces.get, version,
-                                   PROGRAM_FEATURES_VERSION)
+                                   PROGRAM_FEATURES_VERSION, task.workload_key)
             return Ranker(training, TaskFeaturizer(task.op, task.workload, space, target, fs), seed=seed)
 
         self.main = ranker(feature_set)

@@ -51,6 +51,7 @@ CHECKPOINTS = (8, 16, 32, 64)
 FEATURE_SETS = (*_SETS, "auto")  # what tune(features=...) takes
 DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 TRANSFER_LABEL = "xgb+transfer"
+WARM = "<--transfer>"  # a contender's transfer log before --transfer names it
 
 
 # ---- contenders ---------------------------------------------------------------------------------------------
@@ -77,7 +78,8 @@ def _value(text: str) -> Any:
 
 
 def parse_contender(spec: str) -> Contender:
-    """`LABEL=STRATEGY[:key=value,...]`: keys `batch` and `features` are tune's; any other is a strategy option."""
+    """`LABEL=STRATEGY[:key=value,...]`: keys `batch` and `features` are tune's, `transfer=true` warms the
+    contender by --transfer's log; any other key is a strategy option."""
     label, eq, rest = spec.partition("=")
     label = label.strip()
     if not eq or not label or not re.fullmatch(r"[\w.+-]+", label):
@@ -86,13 +88,14 @@ def parse_contender(spec: str) -> Contender:
     strategy, colon, opts = rest.partition(":")
     if strategy not in STRATEGIES:
         raise ValueError(f"contender {spec!r}: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    batch, features, options = None, None, {}
+    batch, features, options, transfer = None, None, {}, ()
     for item in filter(None, opts.split(",")):
         key, eq, text = item.partition("=")
         key = key.strip()
         if not eq or not key or not text:
             raise ValueError(f"contender {spec!r}: option {item!r} is not key=value")
-        if key in options or (key == "batch" and batch is not None) or (key == "features" and features is not None):
+        if key in options or (key == "batch" and batch is not None) or (key == "features" and features is not None) \
+                or (key == "transfer" and transfer):
             raise ValueError(f"contender {spec!r}: {key!r} given twice")
         if key == "batch":
             if not text.isdigit() or int(text) < 1:
@@ -103,11 +106,15 @@ def parse_contender(spec: str) -> Contender:
                 raise ValueError(f"contender {spec!r}: features must be one of {', '.join(FEATURE_SETS)}, "
                                  f"not {text!r}")
             features = text
+        elif key == "transfer":
+            if text.lower() not in ("true", "false"):
+                raise ValueError(f"contender {spec!r}: transfer must be true or false, not {text!r}")
+            transfer = (WARM,) if text.lower() == "true" else ()
         else:
             options[key] = _value(text)
-    if colon and not options and batch is None and features is None:
+    if colon and not opts.strip(","):
         raise ValueError(f"contender {spec!r}: nothing after ':'")
-    return Contender(label, strategy, batch, features, options)
+    return Contender(label, strategy, batch, features, options, transfer)
 
 
 def parse_contenders(specs: Sequence[str]) -> list[Contender]:
@@ -394,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         contenders = parse_contenders(a.contenders)
         if a.transfer and TRANSFER_LABEL in {c.label for c in contenders}:
             raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
+        if not a.transfer and any(c.transfer for c in contenders):
+            raise ValueError("a contender asks for transfer=true, but no --transfer LOG is given")
         timing = _timing(a.timing)
         task = make_task(a.op, a.device, shape=a.shape)
         require_local_device(task)
@@ -410,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
             for where, n in sorted(by.items()):
                 print(f"  {n:6d}  {where}")
+            contenders = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
             contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
         cache = MeasurementCache(a.cache, Builder(), LocalRunner(timing))
         runs: list[dict[str, Any]] = []

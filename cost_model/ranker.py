@@ -1,7 +1,8 @@
 """The model a search consults: trained on a TrainingSet, scoring one task's candidates.
 
 It keeps the training matrix between updates (rows are only appended during a run, so after each batch only
-the new rows are converted) and refits the ranker on all of it.
+the new rows are converted) and refits the ranker on all of it, the task's own group weighed as much as all
+transferred groups together (`TrainingSet.group_weights`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Ranker:
             self._x = self.columns.matrix(rows)
         elif len(self._x) < len(rows):
             self._x = np.concatenate([self._x, self.columns.matrix(rows[len(self._x):])])
-        self.model.update(self._x, self.training.latencies, self.training.groups)
+        self.model.update(self._x, self.training.latencies, self.training.groups, self.training.group_weights())
 
     def score(self, cfgs: Sequence[Config]) -> np.ndarray:
         """Higher = predicted faster; zeros until trained."""

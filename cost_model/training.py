@@ -27,11 +27,14 @@ class TrainingSet:
     """Rows, latencies and ranking groups of the records that teach a task's model (see the module doc).
 
     `template(op)` returns an operator's template module; `version(op, device)` the template version
-    records must carry (None: accept any); `program_version` the program-feature version rows may use."""
+    records must carry (None: accept any); `program_version` the program-feature version rows may use;
+    `workload_key` the task's own workload, whose group `group_weights` weighs up (see there)."""
 
     def __init__(self, op: str, device: str, feature_set: str, template: Callable[[str], Any],
-                 version: Callable[[str, str], str | None], program_version: str = ""):
+                 version: Callable[[str, str], str | None], program_version: str = "",
+                 workload_key: str | None = None):
         self.op, self.device, self.kind = op, device, device.split(":")[0]
+        self.task_group = f"{device}|{op}|{workload_key}" if workload_key is not None else None
         self.feature_set = feature_set
         self.template, self.version, self.program_version = template, version, program_version
         self.rows: list[dict[str, float]] = []
@@ -87,6 +90,19 @@ class TrainingSet:
             space = template.space(workload, target_from_json(r.target)) if r.op == self.op else None
             self._spaces[key] = (workload, space)
         return self._spaces[key]
+
+    def group_weights(self) -> dict[str, float]:
+        """The task's own ranking group weighs as much as every transferred group together.
+
+        A ranking loss sums over the rows of every group, so after one batch of its own (8 rows) a task warmed
+        by a few hundred transferred rows would still be ranked as the other shapes rank it, and what its own
+        measurements say (this shape's table misses the cache; that one's fits) would barely move the model."""
+        if self.task_group is None:
+            return {}
+        own = self.groups.count(self.task_group)
+        if not own or own == len(self.groups):
+            return {}
+        return {self.task_group: max(1.0, (len(self.groups) - own) / own)}
 
     def matrix(self, columns: Columns | None = None) -> tuple[Columns, np.ndarray]:
         columns = columns or Columns.union(self.rows)

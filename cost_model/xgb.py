@@ -32,8 +32,10 @@ class XGBCostModel:
                 "subsample": 0.9, "colsample_bytree": 0.9, "lambda": 1.0, "seed": self.seed,
                 "nthread": self.threads, "verbosity": 0}
 
-    def update(self, features: np.ndarray, latencies: Sequence[float], groups: Sequence[str]) -> None:
-        """Retrain on all data seen so far. `latencies` are seconds (inf for failures); `groups` workloads."""
+    def update(self, features: np.ndarray, latencies: Sequence[float], groups: Sequence[str],
+               group_weights: dict[str, float] | None = None) -> None:
+        """Retrain on all data seen so far. `latencies` are seconds (inf for failures); `groups` workloads;
+        `group_weights` a weight per group (XGBoost weighs ranking groups, not rows), 1 where not given."""
         import xgboost as xgb
 
         lat = np.asarray(latencies, dtype=np.float64)
@@ -47,8 +49,10 @@ class XGBCostModel:
             ok = (grp == g) & np.isfinite(lat)
             if ok.any():  # relevance = best / latency in (0, 1]; failures keep 0, below any success
                 labels[ok] = lat[ok].min() / lat[ok]
-        _, qid = np.unique(grp, return_inverse=True)
+        names, qid = np.unique(grp, return_inverse=True)
         dtrain = xgb.DMatrix(features, label=labels, qid=qid)
+        if group_weights:
+            dtrain.set_weight(np.array([group_weights.get(str(g), 1.0) for g in names], dtype=np.float32))
         self.booster = xgb.train(self._params(), dtrain, num_boost_round=self.rounds)
         self.num_features = features.shape[1]
 

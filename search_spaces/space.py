@@ -314,12 +314,20 @@ class Space:
             raise ValueError("the space has no valid config")
         return rng.choice(self._valid[path])
 
-    def spread(self, n: int, rng: random.Random, first: Sequence[Config] = ()) -> list[Config]:
+    def spread(self, n: int, rng: random.Random, first: Sequence[Config] = (),
+               criterion: str = "distance") -> list[Config]:
         """n distinct valid configs spread over the space, for a first batch that no model has chosen.
 
-        Starts with `first` (the default config, say), then picks greedily the config farthest (maximin
-        Euclidean distance over the knob encodings, each column scaled to [0, 1] by its domain) from those
-        already picked, out of a pool of max(64, 16 n) samples; paths missing from the picks go first."""
+        Starts with `first` (the default config, say), then picks greedily out of a pool of max(64, 16 n)
+        samples, paths missing from the picks first, by `criterion`:
+        - "distance": the config farthest (maximin Euclidean distance over the knob encodings, each column
+          scaled to [0, 1] by its domain) from those already picked. Far apart means the corners of the space,
+          which are mostly slow;
+        - "coverage": the config with the most (knob, value) pairs not yet picked (a new round once every
+          value the pool has is in), ties to the earlier drawn: each knob's values are tried about equally
+          often, as in a stratified design, and the picks are as typical as random ones."""
+        if criterion not in ("distance", "coverage"):
+            raise ValueError(f"spread: criterion must be 'distance' or 'coverage', not {criterion!r}")
         if n < 0:
             raise ValueError(f"spread: n must be >= 0, got {n}")
         chosen = list(first)
@@ -340,10 +348,15 @@ class Space:
             if len(pool) < need:
                 raise ValueError(f"spread: {n} distinct configs asked for, but the space has only "
                                  f"{len(pool) + len(taken)} valid configs")
-        points = self._unit_rows(pool)
-        nearest = np.full(len(pool), np.inf)  # distance of each pool config to the nearest pick so far
-        for row in self._unit_rows(chosen):
-            nearest = np.minimum(nearest, np.sqrt(((points - row) ** 2).sum(axis=1)))
+        if criterion == "distance":
+            points = self._unit_rows(pool)
+            nearest = np.full(len(pool), np.inf)  # distance of each pool config to the nearest pick so far
+            for row in self._unit_rows(chosen):
+                nearest = np.minimum(nearest, np.sqrt(((points - row) ** 2).sum(axis=1)))
+        else:
+            pairs = [set(c.items) for c in pool]
+            every = set().union(*pairs)
+            covered = set().union(*(c.items for c in chosen)) & every
         kinds = list(dict.fromkeys(self.path_of(c) for c in pool))
         path_ids = np.array([kinds.index(self.path_of(c)) for c in pool])
         uncovered = np.ones(len(kinds), dtype=bool)
@@ -353,11 +366,18 @@ class Space:
         free = np.ones(len(pool), dtype=bool)
         for _ in range(need):
             allowed = free & uncovered[path_ids] if uncovered.any() else free
-            j = int(np.argmax(np.where(allowed, nearest, -np.inf)))
+            if criterion == "distance":
+                j = int(np.argmax(np.where(allowed, nearest, -np.inf)))
+                nearest = np.minimum(nearest, np.sqrt(((points - points[j]) ** 2).sum(axis=1)))
+            else:
+                if covered >= every:
+                    covered = set()
+                gain = np.array([len(p - covered) for p in pairs], dtype=float)
+                j = int(np.argmax(np.where(allowed, gain, -np.inf)))
+                covered |= pairs[j]
             chosen.append(pool[j])
             free[j] = False
             uncovered[path_ids[j]] = False
-            nearest = np.minimum(nearest, np.sqrt(((points - points[j]) ** 2).sum(axis=1)))
         return chosen
 
     def _unit_rows(self, configs: Sequence[Config]) -> np.ndarray:

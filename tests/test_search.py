@@ -2,7 +2,7 @@ import random
 
 import numpy as np
 
-from autotune.search import annealing_search, model_search, random_search
+from autotune.search import annealing_search, diverse_pick, model_search, random_search
 from search_spaces import Choice, Space, Split
 
 A = Split("a", parts=2).over(64)
@@ -55,12 +55,12 @@ def test_model_search_scores_the_whole_space_when_given_it_and_keeps_epsilon_ran
     def score(cfgs):
         return np.array([-abs(c[A][0] - 8) - abs(c[B] - 8) for c in cfgs], dtype=float)
 
-    got = model_search(sp, set(), 10, random.Random(0), score, candidates=list(sp), epsilon=0.1)
+    got = model_search(sp, set(), 10, random.Random(0), score, candidates=list(sp), epsilon=0.1, diversity=1)
     assert len(set(got)) == 10
     ranked = sorted(sp, key=lambda c: -score([c])[0])
     assert got[:9] == ranked[:9]  # exhaustive: exactly the nine best-scored configs, best first
     # seen configs are never proposed again
-    again = model_search(sp, set(got), 10, random.Random(0), score, candidates=list(sp), epsilon=0.0)
+    again = model_search(sp, set(got), 10, random.Random(0), score, candidates=list(sp), epsilon=0.0, diversity=1)
     assert again == [c for c in ranked if c not in set(got)][:10]
 
 
@@ -69,7 +69,7 @@ def test_model_search_reranks_a_shortlist_with_the_second_scorer():
     first = lambda cfgs: np.array([float(c[B]) for c in cfgs])  # noqa: E731  (prefers large b)
     second = lambda cfgs: np.array([-float(c[A][0]) for c in cfgs])  # noqa: E731  (prefers small a[0])
     got = model_search(sp, set(), 2, random.Random(0), first, candidates=list(sp), rerank=second,
-                       epsilon=0.0, pool=3)  # a shortlist of 6: all b=8 (7 configs have it)
+                       epsilon=0.0, pool=3, diversity=1)  # a shortlist of 6: all b=8 (7 configs have it)
     assert all(c[B] == 8 for c in got)  # from the shortlist of the first scorer ...
     assert [c[A][0] for c in got] == [1, 2]  # ... the two the second prefers
 
@@ -80,6 +80,12 @@ def test_model_search_without_a_model_starts_with_the_default_then_spreads_out()
     assert got[0] == sp.default() and len(set(got)) == 6
 
 
+def test_model_search_without_a_model_can_spread_by_coverage():
+    sp = space()
+    got = model_search(sp, set(), 4, random.Random(0), None, design="coverage")
+    assert got[0] == sp.default() and {c[B] for c in got} == {1, 2, 4, 8}
+
+
 def test_model_search_rejects_bad_options():
     import pytest
 
@@ -87,3 +93,31 @@ def test_model_search_rejects_bad_options():
         model_search(space(), set(), 4, random.Random(0), lambda c: np.zeros(len(c)), epsilon=2.0)
     with pytest.raises(ValueError, match="pool"):
         model_search(space(), set(), 4, random.Random(0), lambda c: np.zeros(len(c)), pool=0)
+    with pytest.raises(ValueError, match="design must be one of distance, coverage"):
+        model_search(space(), set(), 4, random.Random(0), None, design="cover")
+    with pytest.raises(ValueError, match="diversity"):
+        model_search(space(), set(), 4, random.Random(0), lambda c: np.zeros(len(c)), diversity=0.5)
+
+
+def test_diverse_pick_follows_the_ranking_but_skips_near_copies():
+    sp = space()
+    ranked = sorted(sp, key=lambda c: (-c[B], c[A]))  # the four best share b=8; then b=4 ...
+    got = diverse_pick(ranked, 4)
+    assert got[0] == ranked[0] and len(set(got)) == 4
+    assert {c[B] for c in got} == {1, 2, 4, 8}  # four guesses apart, not four variants of b=8
+    assert len({c[A] for c in got}) == 4
+    assert diverse_pick(ranked[:3], 5) == ranked[:3]  # fewer than asked: all of them
+    assert diverse_pick(ranked[:9], 3) == [ranked[0], ranked[8], ranked[1]]  # short of apart ones: best skipped
+
+
+def test_model_search_with_diversity_hedges_within_the_models_best():
+    sp = space()
+
+    def score(cfgs):  # prefers b=8 above all, then small a[0]
+        return np.array([10.0 * c[B] - c[A][0] for c in cfgs])
+
+    plain = model_search(sp, set(), 4, random.Random(0), score, candidates=list(sp), epsilon=0.0, diversity=1)
+    hedged = model_search(sp, set(), 4, random.Random(0), score, candidates=list(sp), epsilon=0.0)  # 3: default
+    assert {c[B] for c in plain} == {8} and plain[0] == hedged[0]
+    top12 = sorted(sp, key=lambda c: -score([c])[0])[:12]
+    assert set(hedged) <= set(top12) and {c[B] for c in hedged} == {4, 8}

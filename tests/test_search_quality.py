@@ -82,6 +82,9 @@ def test_contender_spec_parsing():
     assert (c.label, c.strategy, c.batch, c.features) == ("eps", "xgb", 8, "program")
     assert c.options == {"epsilon": 0.3, "pool": 4, "greedy": True, "mode": "sa"}
     assert sq.parse_contender("random=random") == sq.Contender("random", "random")
+    warm = sq.parse_contender("hedge=xgb:transfer=true,diversity=2")
+    assert warm.transfer == (sq.WARM,) and warm.options == {"diversity": 2}  # --transfer's log, once known
+    assert sq.parse_contender("cold=xgb:transfer=false").transfer == ()
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -90,6 +93,7 @@ def test_contender_spec_parsing():
     ("a=xgb:batch=x", "batch must be"), ("a=xgb:features=pixels", "features must be one of"),
     ("a=xgb:epsilon", "not key=value"), ("a=xgb:epsilon=", "not key=value"),
     ("a=xgb:pool=2,pool=3", "given twice"), ("a=xgb:", "nothing after"),
+    ("a=xgb:transfer=yes", "transfer must be true or false"), ("a=xgb:transfer=true,transfer=true", "given twice"),
 ])
 def test_bad_contender_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -103,6 +107,10 @@ def test_duplicate_labels_and_bad_arguments_are_rejected(capsys):
         sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
                  "--contenders", "a=nope"])
     assert "unknown strategy 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
+                 "--contenders", "a=xgb:transfer=true"])
+    assert "no --transfer LOG is given" in capsys.readouterr().err
 
 
 # ---- the measurement cache ----------------------------------------------------------------------------------
@@ -224,14 +232,17 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     records.append(warm, [other.record(c, costs=(1e-5 * (i + 1),)) for i, c in enumerate(list(other.space)[:5])])
     out = sq.main(["--op", "quantize_rows", "--shape", shape, "--seeds", "2", "--trials", "4", "--noise", "2",
                    "--confirm", "2", "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
+                   "--contenders", "xgb=xgb", "random=random", "hedge=xgb:transfer=true,diversity=2",
                    "--timing", "number=1,repeat=2,min_repeat_ms=1",
                    "--json", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])
     printed = capsys.readouterr().out
     assert "| xgb+transfer |" in printed and "margin" in printed
     d = json.loads((tmp_path / "o.json").read_text())
-    assert set(d["contenders"]) == {"xgb", "random", "xgb+transfer"}
+    assert set(d["contenders"]) == {"xgb", "random", "hedge", "xgb+transfer"}
     assert [(r["seed"], r["contender"]) for r in d["runs"]] == [
-        (s, c) for s in (0, 1) for c in ("xgb", "random", "xgb+transfer")]  # interleaved, seed-major
+        (s, c) for s in (0, 1) for c in ("xgb", "random", "hedge", "xgb+transfer")]  # interleaved, seed-major
+    hedge = d["contenders"]["hedge"]
+    assert hedge["transfer"] == d["contenders"]["xgb+transfer"]["transfer"] != [] and hedge["options"] == {"diversity": 2}
     assert all(len(r["curve"]) == 4 and r["curve"] == sorted(r["curve"], reverse=True) for r in d["runs"])
     assert d["best"]["latency_s"] == min(x for r in d["runs"] for x in r["curve"])
     assert d["transfer"]["kept"] == 5 and d["transfer"]["dropped_own_workload"] == 0

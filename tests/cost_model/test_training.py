@@ -35,6 +35,20 @@ def test_other_shapes_and_other_cpu_models_teach_other_device_kinds_do_not():
     assert er["d.avx512f"] == 1.0 and zen["d.avx512f"] == 0.0
 
 
+def test_the_tasks_own_group_weighs_as_much_as_all_transferred_ones():
+    here = make_task("qmatmul", "cpu:znver3", shape=SHAPE)
+    other = make_task("qmatmul", "cpu:znver3", shape="m=20,k=40,n=24")
+    ts = TrainingSet(here.op, here.device.name, "knobs", search_spaces.get, records.current_version, "1",
+                     here.workload_key)
+    ts.add(_recs(other, 30))
+    assert ts.group_weights() == {}  # nothing of its own yet: nothing to weigh
+    ts.add(_recs(here, 5))
+    assert ts.group_weights() == {f"cpu:znver3|qmatmul|{here.workload_key}": 6.0}
+    ts.add(_recs(here, 40, seed=1))
+    assert ts.group_weights() == {f"cpu:znver3|qmatmul|{here.workload_key}": 1.0}  # never below the others
+    assert _training(here).group_weights() == {}  # no task workload given
+
+
 def test_other_operators_teach_only_through_program_features():
     here = make_task("qmatmul", "cpu:znver3", shape=SHAPE)
     other = make_task("quantize_rows", "cpu:znver3", shape=search_spaces.get("quantize_rows").TEST_SHAPE)

@@ -57,3 +57,17 @@ def test_save_load_json_round_trip(tmp_path):
     np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-6)
     with pytest.raises(ValueError):
         model.save(tmp_path / "model.pkl")
+
+
+def test_a_heavier_group_decides_where_groups_disagree():
+    """Two groups rank feature 0 oppositely; the one weighted up wins (XGBoost weighs ranking groups)."""
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 2)).astype(np.float32)
+    groups = np.where(np.arange(200) < 160, "others", "mine")
+    lat = np.where(groups == "others", 1.0 + x[:, 0], 2.0 - x[:, 0])  # others: small x0 fast; mine: large
+    probe = np.array([[0.1, 0.5], [0.9, 0.5]], dtype=np.float32)
+    plain, weighted = XGBCostModel(), XGBCostModel()
+    plain.update(x, lat, groups)
+    weighted.update(x, lat, groups, group_weights={"mine": 8.0})
+    assert plain.predict(probe)[0] > plain.predict(probe)[1]  # 160 rows of others outvote 40 of mine
+    assert weighted.predict(probe)[1] > weighted.predict(probe)[0]

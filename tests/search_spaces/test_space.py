@@ -219,6 +219,27 @@ def test_spread_is_farther_apart_than_random_samples():
     assert min(spread) > max(rand) * 0.9
 
 
+def test_coverage_spread_tries_each_knob_value_evenly_and_stays_typical():
+    """criterion="coverage": every value of each small knob within a few picks and none twice before the
+    others once; not drawn to the corners of the space as the distance criterion is."""
+    sp = wide_space(paths=["path"])
+    knob_b = {c[B] for c in sp}
+    for seed in range(5):
+        out = sp.spread(8, random.Random(seed), first=[sp.default()], criterion="coverage")
+        assert len(set(out)) == 8 and all(c in sp for c in out) and out[0] == sp.default()
+        assert {sp.path_of(c) for c in out[:3]} == set(sp.paths_present())
+        firsts = [c[B] for c in out[: len(knob_b)]]
+        assert sorted(firsts, key=str) == sorted(knob_b, key=str), firsts  # each value once, before repeats
+    corner = [sum(abs(x - 0.5) for x in row) for row in _unit(sp, [c for c in sp])]
+    typical = float(np.mean(corner))
+    far = lambda crit: np.mean([np.mean([sum(abs(x - 0.5) for x in row)  # noqa: E731
+                                         for row in _unit(sp, sp.spread(8, random.Random(s), criterion=crit))])
+                                for s in range(5)])
+    assert far("coverage") < far("distance") and far("coverage") < 1.2 * typical
+    with pytest.raises(ValueError, match="criterion"):
+        sp.spread(3, random.Random(0), criterion="corners")
+
+
 def test_spread_takes_the_whole_of_a_small_space_and_refuses_more():
     sp = make_space()
     every = sp.spread(len(sp), random.Random(0))
