@@ -1,8 +1,9 @@
 """Does the cost model earn its place? Tuning curves of xgb, random and variants from fresh logs, over seeds.
 
     python benchmarks/search_quality.py --op qmatmul --shape m=2048,k=512,n=256 --seeds 5 --trials 64 \
-        [--contenders xgb=xgb random=random eps=xgb:epsilon=0.3,batch=8] [--transfer LOG] [--cache PATH] \
-        [--json out.json] [--png out.png] [--noise 10] [--margin 0.05]
+        [--contenders xgb=xgb random=random eps=xgb:epsilon=0.3,batch=8 warm=xgb:transfer=true,diversity=1] \
+        [--transfer LOG] [--cache PATH] [--json out.json] [--png out.png] [--noise 10] [--margin 0.05] \
+        [--confirm 5] [--drift 5]
 
 Every run starts from an empty log and a cold model (tune's `transfer=()`); `--transfer LOG` adds the contender
 `xgb+transfer`, warmed by LOG less the benchmarked workload's own records. Runs are interleaved seed by seed
@@ -13,7 +14,9 @@ every run that proposes it sees the same number, so no strategy wins by a lucky 
 Figures: best-after-N medians over seeds, and per seed the first trial whose best-so-far is within the margin
 of the reference (a run that never gets there counts as twice the budget in the median). The reference is the
 least median of repeated measurements of the configs logged fastest (`--confirm N`, default 5), not the best
-single measurement, which is the luckiest draw of hundreds and may lie below what that config runs at.
+single measurement, which is the luckiest draw of hundreds and may lie below what that config runs at; it is
+divided by the machine's drift since the runs (`--drift K`, default 5: the median ratio re-measured / logged
+of K other configs within 2x of the best), so that it is of the moment the runs were measured in.
 `--noise K` times the default and the best config K times each (one build, K measurements of that library);
 when the best config's interquartile spread (IQR/median) exceeds --margin, the margin used is that spread: a
 smaller one would rank runs by noise.
@@ -26,6 +29,7 @@ import inspect
 import json
 import math
 import os
+import random
 import re
 import shutil
 import statistics
@@ -251,25 +255,39 @@ def remeasure(task: Task, builder: Any, runner: Any, cfg: Any, k: int) -> tuple[
 
 
 def confirm(task: Task, cache: MeasurementCache, mine: Sequence[Any], n: int, k: int,
-            measured_best: dict[str, Any] | None) -> dict[str, Any]:
+            measured_best: dict[str, Any] | None, drift: int = 0, seed: int = 0) -> dict[str, Any]:
     """The reference latency of trials-to-margin: the least median of `k` re-measurements of the `n` configs with
     the best logged latencies (the benchmark's best single measurement is the luckiest of hundreds: the embedding
-    bag's logged 0.666 ms and re-measured 0.749-0.813 ms, a target no run could reach but by luck)."""
+    bag's logged 0.666 ms and re-measured 0.749-0.813 ms, a target no run could reach but by luck).
+
+    Re-measured later than the cache's numbers, that median may be of a faster or slower moment of a shared
+    machine (the embedding bag's best config: 0.635 ms, 25 minutes later 0.689 ms). With `drift` > 0 that many
+    other configs, drawn at random among those logged within 2x of the best (not chosen for a lucky draw), are
+    re-measured too, and the reference is divided by the median ratio of their re-measured to logged latency:
+    the reference of the moment the runs were measured in."""
     firsts: dict[str, Any] = {}
     for r in sorted(mine, key=lambda r: r.latency):
         firsts.setdefault(r.config_key, r)
+    ordered = list(firsts.values())
+
+    def again(r: Any) -> list[float]:
+        return remeasure(task, cache.inner_builder, cache.inner_runner, task.space.from_json(r.config), k)[0]
+
     medians = []
-    for i, r in enumerate(list(firsts.values())[:n]):
-        if i == 0 and measured_best and measured_best.get("latencies"):  # already re-measured (--noise)
-            lat = measured_best["latencies"]
-        else:
-            lat, _ = remeasure(task, cache.inner_builder, cache.inner_runner, task.space.from_json(r.config), k)
+    for i, r in enumerate(ordered[:n]):
+        lat = measured_best["latencies"] if i == 0 and measured_best and measured_best.get("latencies") \
+            else again(r)  # the best's own were already re-measured (--noise)
         if lat:
             medians.append((statistics.median(lat), r.config, r.latency))
     if not medians:
         return {"latency_s": None, "configs": 0}
     median, config, logged = min(medians, key=lambda m: m[0])
-    return {"latency_s": median, "config": config, "logged_s": logged, "configs": len(medians), "k": k}
+    near = [r for r in ordered[n:] if r.latency <= 2 * ordered[0].latency]
+    ratios = [statistics.median(lat) / r.latency
+              for r in random.Random(seed).sample(near, min(drift, len(near))) if (lat := again(r))]
+    factor = statistics.median(ratios) if ratios else 1.0
+    return {"latency_s": median / factor, "remeasured_s": median, "drift": factor, "drift_configs": len(ratios),
+            "config": config, "logged_s": logged, "configs": len(medians), "k": k}
 
 
 def summarize(runs: list[dict[str, Any]], contenders: Sequence[Contender], best: float, margin: float,
@@ -393,11 +411,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--confirm", type=int, default=5, metavar="N",
                    help="re-measure the N configs logged fastest; the least median is the reference (0: the "
                         "best single measurement)")
+    p.add_argument("--drift", type=int, default=5, metavar="K",
+                   help="re-measure K other configs near the best to put the reference in the runs' moment "
+                        "(0: take the re-measured reference as it is)")
     p.add_argument("--timing", default="", help="number=N,repeat=N,min_repeat_ms=MS (default: the tuner's)")
     a = p.parse_args(argv)
     try:
-        if a.seeds < 1 or a.trials < 1 or a.noise < 0 or a.confirm < 0 or not 0 <= a.margin < 1:
-            raise ValueError("--seeds and --trials must be >= 1, --noise and --confirm >= 0 and --margin in [0, 1)")
+        if a.seeds < 1 or a.trials < 1 or a.noise < 0 or a.confirm < 0 or a.drift < 0 or not 0 <= a.margin < 1:
+            raise ValueError("--seeds and --trials must be >= 1, --noise, --confirm and --drift >= 0 and --margin "
+                             "in [0, 1)")
         contenders = parse_contenders(a.contenders)
         if a.transfer and TRANSFER_LABEL in {c.label for c in contenders}:
             raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
@@ -442,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 for which, cfg in (("default", default), ("best", task.space.from_json(top.config))):
                     lat, err = remeasure(task, cache.inner_builder, cache.inner_runner, cfg, a.noise)
                     noise[which] = {"config": cfg.to_json(), "latencies": lat, "error": err, **spread(lat)}
-            confirmed = confirm(task, cache, mine, a.confirm, max(a.noise, 5), noise.get("best"))
+            confirmed = confirm(task, cache, mine, a.confirm, max(a.noise, 5), noise.get("best"), a.drift)
         finally:
             cache.close()
 
@@ -463,7 +485,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if confirmed["latency_s"] is not None:
         print(f"reference: {_ms(reference)} ms, the least median of {confirmed['k']} re-measurements of the "
               f"{confirmed['configs']} configs logged fastest ({confirmed['config']}, logged "
-              f"{_ms(confirmed['logged_s'])} ms)")
+              f"{_ms(confirmed['logged_s'])} ms)" + (
+                  f", {_ms(confirmed['remeasured_s'])} ms re-measured / {confirmed['drift']:.3f}: the machine's "
+                  f"drift since the runs, the median ratio re-measured / logged of {confirmed['drift_configs']} "
+                  f"other configs within 2x of the best" if confirmed["drift_configs"] else ""))
     for which, s in noise.items():
         print(f"noise, {which} config: median {_ms(s['median_s'])} ms, (max-min)/median {s['range_rel']:.1%}, "
               f"IQR/median {s['iqr_rel']:.1%} over {s['n']} measurements" + (f"; {s['error']}" if s["error"] else ""))
