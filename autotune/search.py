@@ -163,12 +163,12 @@ def model_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     `rerank`: a second scorer for the shortlist of `pool * n` the first one picks."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {design!r}")
-    if score is None:
-        return spread_design(space, seen, n, rng, design)
     if pool < 1:
         raise ValueError(f"pool must be >= 1, got {pool}")
     if diversity < 1:
         raise ValueError(f"diversity must be >= 1, got {diversity}")
+    if score is None:
+        return spread_design(space, seen, n, rng, design)
     n_model = n - _n_random(n, epsilon)
     n_ranked = max(n_model, int(round(n_model * diversity)))
     k = n_ranked * (pool if rerank is not None else 1)
