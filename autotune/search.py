@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from search_spaces import Config, Space
+from search_spaces.space import SPREAD_CRITERIA
 
 Scorer = Callable[[Sequence[Config]], np.ndarray]  # higher = predicted faster
 
@@ -51,7 +52,7 @@ def random_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     return _random_unseen(space, seen, n, rng)
 
 
-DESIGNS = ("distance", "coverage")  # Space.spread's criteria: what a first batch no model chose spreads over
+DESIGNS = SPREAD_CRITERIA  # what a first batch no model chose spreads over
 
 
 def spread_design(space: Space, seen: set[Config], n: int, rng: random.Random,

@@ -171,6 +171,9 @@ class Config:
         return " ".join(f"{n}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}" for n, v in self.items)
 
 
+SPREAD_CRITERIA = ("distance", "coverage")  # how Space.spread spreads a first batch (see there)
+
+
 class Space:
     """A finite set of configs: the product of knob domains, filtered by constraints.
 
@@ -326,8 +329,8 @@ class Space:
         - "coverage": the config with the most (knob, value) pairs not yet picked (a new round once every
           value the pool has is in), ties to the earlier drawn: each knob's values are tried about equally
           often, as in a stratified design, and the picks are as typical as random ones."""
-        if criterion not in ("distance", "coverage"):
-            raise ValueError(f"spread: criterion must be 'distance' or 'coverage', not {criterion!r}")
+        if criterion not in SPREAD_CRITERIA:
+            raise ValueError(f"spread: criterion must be one of {', '.join(SPREAD_CRITERIA)}, not {criterion!r}")
         if n < 0:
             raise ValueError(f"spread: n must be >= 0, got {n}")
         chosen = list(first)
