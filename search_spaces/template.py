@@ -222,10 +222,10 @@ class TorchBinding:
     cases: Callable[[Any, int, int], Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]]
     #   (workload, seed, count) -> (case name, args, kwargs) of op calls that a kernel of this workload must
     #   serve and get right: several batch sizes and the operator's edge cases (`autotune check` runs them)
-    replayable: Callable[..., bool] | None = None  # (*args) -> whether this CPU call's validity and kernel rest
-    #   on the arguments' metadata alone (dtypes, shapes, strides, alignment, scalars: `check` reads no data, the
-    #   kernel checks it), so the compiled call path (autotune/torch/callpath.py) may replay the decision made
-    #   for a call of the same metadata; None: never
+    replayable: bool | Callable[..., bool] = False  # whether a CPU call's validity and kernel rest on the
+    #   arguments' metadata alone (dtypes, shapes, strides, alignment, scalars: `check` reads no data, the kernel
+    #   checks it), so the compiled call path (autotune/torch/callpath.py) may replay the decision made for a
+    #   call of the same metadata: True (always), False (never) or (*args) -> bool where it depends on the call
     backward: Callable[..., Any] | None = None  # torch.library.register_autograd's backward and setup_context
     setup_context: Callable[..., Any] | None = None
     rules: tuple[ModuleRule, ...] = ()

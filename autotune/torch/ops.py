@@ -104,7 +104,7 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> tuple[Callable[
     arity = len(params)
     device_arg = next(i for i, p in enumerate(params) if "Tensor" in str(p.annotation))
     check, route, run, fallback, describe, plan = b.check, b.route, b.run, b.op, b.describe, REGISTRY.plan
-    replayable = b.replayable
+    replayable = b.replayable if callable(b.replayable) else (lambda *args: bool(b.replayable))
     plans = REGISTRY.plans  # the registry's cache of plans, read without a call
 
     def select(args: tuple[Any, ...]) -> Any:
@@ -140,7 +140,7 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> tuple[Callable[
         chunks = select(args)
         if chunks is None:
             return fallback(*args), None
-        if len(chunks) != 1 or replayable is None or not replayable(*args):
+        if len(chunks) != 1 or not replayable(*args):
             return run(chunks, *args), None
         return callpath.capture(chunks[0].kernel, lambda: run(chunks, *args), args)
 

@@ -335,14 +335,9 @@ def _swap_embedding_bag(module: nn.Module, next_module: Any, has_kernel: Any, va
     return EmbeddingBag.from_module(module, validate=validate), False
 
 
-def _replayable(*args: Any) -> bool:
-    """Always on the CPU: `check` reads metadata only there, and the kernels check every index and bag."""
-    return True
-
-
 BINDING = TorchBinding(
     op=embedding_bag, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.batch,
-    any_size=True, replayable=_replayable, describe=describe, cases=cases, backward=_backward,
-    setup_context=_setup_context,
+    any_size=True, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
+    replayable=True,  # on the CPU `check` reads metadata only, and the kernels check every index and bag
     rules=(ModuleRule("nn.EmbeddingBag -> EmbeddingBag", _swap_embedding_bag),),
     exports=(("EmbeddingBag", EmbeddingBag),))

@@ -157,14 +157,9 @@ def _keep_with_kernel(module: nn.Module, next_module: Any, has_kernel: Any, vali
     return module, False
 
 
-def _replayable(*args: Any) -> bool:
-    """Always: `check` and `route` read metadata only (any float values are valid input)."""
-    return True
-
-
 BINDING = TorchBinding(
     op=interaction, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.batch,
-    any_size=True, replayable=_replayable, describe=describe, cases=cases, backward=_backward,
-    setup_context=_setup_context,
+    any_size=True, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
+    replayable=True,  # `check` and `route` read metadata only (any float values are valid input)
     rules=(ModuleRule("DotInteraction (from extra=) kept only with a kernel", _keep_with_kernel),),
     exports=(("DotInteraction", DotInteraction),))

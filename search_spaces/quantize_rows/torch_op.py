@@ -118,11 +118,7 @@ def half_boundaries(rows: int, cols: int, seed: int, random_scales: bool = False
     return x.contiguous()
 
 
-def _replayable(*args: Any) -> bool:
-    """Always: `check` reads metadata only (any float values quantize)."""
-    return True
-
-
 BINDING = TorchBinding(
     op=quantize_rows, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.rows,
-    any_size=True, replayable=_replayable, describe=describe, cases=cases)
+    any_size=True, describe=describe, cases=cases,
+    replayable=True)  # `check` reads metadata only (any float values quantize)
