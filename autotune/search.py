@@ -107,8 +107,8 @@ def annealing_search(space: Space, seen: set[Config], n: int, rng: random.Random
 
 
 def _n_random(n: int, epsilon: float) -> int:
-    if not 0.0 <= epsilon <= 1.0:
-        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+    if not isinstance(epsilon, (int, float)) or not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be a number in [0, 1], got {epsilon!r}")
     return max(1, int(round(n * epsilon))) if n > 1 and epsilon > 0 else 0
 
 
@@ -164,13 +164,13 @@ def model_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     `rerank`: a second scorer for the shortlist of `pool * n` the first one picks."""
     if design not in DESIGNS:
         raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {design!r}")
-    if pool < 1:
-        raise ValueError(f"pool must be >= 1, got {pool}")
-    if diversity < 1:
-        raise ValueError(f"diversity must be >= 1, got {diversity}")
+    if not isinstance(pool, int) or pool < 1:
+        raise ValueError(f"pool must be a whole number >= 1, got {pool!r}")
+    if not isinstance(diversity, (int, float)) or diversity < 1:
+        raise ValueError(f"diversity must be a number >= 1, got {diversity!r}")
+    n_model = n - _n_random(n, epsilon)
     if score is None:
         return spread_design(space, seen, n, rng, design)
-    n_model = n - _n_random(n, epsilon)
     n_ranked = max(n_model, int(round(n_model * diversity)))
     k = n_ranked * (pool if rerank is not None else 1)
     if candidates is not None:

@@ -41,6 +41,7 @@ class TrainingSet:
         self.latencies: list[float] = []
         self.groups: list[str] = []
         self.own = 0  # rows of this task's own device and operator
+        self.own_task = 0  # rows of its own group (device, operator and workload)
         self._spaces: dict[tuple[str, str, str], Any] = {}
         self._versions: dict[tuple[str, str], str | None] = {}
 
@@ -58,6 +59,7 @@ class TrainingSet:
             self.latencies.append(r.latency)
             self.groups.append(f"{r.device}|{r.op}|{r.workload_key}")
             self.own += r.device == self.device and r.op == self.op
+            self.own_task += self.groups[-1] == self.task_group
             taken += 1
         return taken
 
@@ -97,12 +99,10 @@ class TrainingSet:
         A ranking loss sums over the rows of every group, so after one batch of its own (8 rows) a task warmed
         by a few hundred transferred rows would still be ranked as the other shapes rank it, and what its own
         measurements say (this shape's table misses the cache; that one's fits) would barely move the model."""
-        if self.task_group is None:
-            return {}
-        own = self.groups.count(self.task_group)
+        own = self.own_task
         if not own or own == len(self.groups):
             return {}
-        return {self.task_group: max(1.0, (len(self.groups) - own) / own)}
+        return {self.task_group: max(1.0, (len(self.groups) - own) / own)}  # type: ignore[dict-item]
 
     def matrix(self, columns: Columns | None = None) -> tuple[Columns, np.ndarray]:
         columns = columns or Columns.union(self.rows)

@@ -97,6 +97,10 @@ def test_model_search_rejects_bad_options():
         model_search(space(), set(), 4, random.Random(0), None, design="cover")
     with pytest.raises(ValueError, match="diversity"):  # on the first, cold call, not only once a model exists
         model_search(space(), set(), 4, random.Random(0), None, diversity=0.5)
+    with pytest.raises(ValueError, match="diversity must be a number >= 1, got 'abc'"):  # a contender's typo
+        model_search(space(), set(), 4, random.Random(0), None, diversity="abc")
+    with pytest.raises(ValueError, match="epsilon must be a number in"):
+        model_search(space(), set(), 4, random.Random(0), None, epsilon="lots")
 
 
 def test_diverse_pick_follows_the_ranking_but_skips_near_copies():
