@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--retry-errors", metavar="KIND[,KIND]", default="",
                    help="measure again the configs whose records failed with these error kinds "
                         "(" + ", ".join(ERROR_KINDS) + ")")
+    t.add_argument("--anchor", action="store_true",
+                   help="time each candidate's repeats between repeats of the default config and correct them by "
+                        "its drift: twice the time, for shared machines whose speed swings (CPU, local runner)")
     t.add_argument("--dry-run", action="store_true",
                    help="build the first --trials candidates and show them; measure nothing, write no log")
 
@@ -142,6 +145,7 @@ def _dry_run(args: argparse.Namespace, task: object) -> None:
 
 
 def _tune(args: argparse.Namespace) -> None:
+    from autotune.measure import Timing
     from autotune.task import make_task
     from autotune.tuner import make_runner, tune
 
@@ -150,9 +154,10 @@ def _tune(args: argparse.Namespace) -> None:
         return _dry_run(args, task)
     if not args.log:
         raise ValueError("--log is required (or --dry-run)")
-    runner = make_runner(args.runner)
+    timing = Timing(anchor=args.anchor)
+    runner = make_runner(args.runner, timing)
     try:
-        res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed,
+        res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed, timing=timing,
                    batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
                    runner=runner, include_stale=args.include_stale, features=args.features,
                    transfer=() if args.no_transfer else args.transfer,

@@ -55,8 +55,29 @@ def _measure_one(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[
     return runtime.measure_file(task_data(task, timing.seed), cfg, lib, timing, _l2_bytes(task))
 
 
-def _prepare(task: Task, seed: int) -> None:
-    task_data(task, seed)
+def _prepare(task: Task, timing: Timing, nominal: float | None = None) -> float | None:
+    """Make the task's data in the worker and, for anchored timing, compile, check and calibrate its anchor
+    (the template's default config, a kernel every template has and the contract test checks); returns the
+    anchor's nominal latency. `nominal`: that of an earlier worker of the runner, so that a worker restarted
+    after a crash keeps the runner's scale."""
+    data = task_data(task, timing.seed)
+    if timing.anchor and data.anchor is None:
+        from .build import load_compiled
+
+        cfg = task.space.default()
+        bound = data.bind(cfg, load_compiled(task, cfg))
+        why = mismatch(task, bound(*data.inputs), data.reference)
+        if why is not None:
+            raise RuntimeError(f"the anchor (the default config) is wrong: {why}")
+        data.anchor = runtime.Anchor(lambda: bound(*data.inputs)).calibrate(timing, nominal=nominal)
+    return data.anchor.nominal if data.anchor is not None else None
+
+
+def check_anchor(timing: Timing, gpu: bool, runner: str = "") -> None:
+    """Anchored timing (`Timing.anchor`) compiles its anchor in the measure worker: CPU tasks on a local runner
+    only (a GPU is timed by CUDA events with L2 flushed; remote machines need not have TVM's compiler)."""
+    if timing.anchor and (gpu or runner):
+        raise ValueError(f"anchored timing is for CPU tasks measured by the local runner, not {runner or 'a GPU'}")
 
 
 def require_local_device(task: Task) -> None:
@@ -75,7 +96,10 @@ class LocalRunner:
     which takes a timeout per call: making a task's data may take long, a candidate may not.
     """
 
-    def __init__(self, timing: Timing = Timing(), timeout: float = 30.0, prepare_timeout: float = 600.0):
+    def __init__(self, timing: Timing = Timing(), timeout: float = 30.0, prepare_timeout: float = 600.0,
+                 anchor_nominal: dict[str, float] | None = None):
+        """`anchor_nominal`: anchored timing's nominal anchor latency per workload key, from an earlier runner
+        (`self.anchor_nominal`) whose records these are to be compared with; else each task calibrates anew."""
         from tvm.support.popen_pool import PopenWorker
 
         self.timing = timing
@@ -83,6 +107,7 @@ class LocalRunner:
         self.prepare_timeout = prepare_timeout
         self._worker = PopenWorker()
         self._prepared: str | None = None
+        self.anchor_nominal = dict(anchor_nominal or {})  # anchored timing: per task, kept across workers
 
     def _call(self, fn: Any, args: tuple[Any, ...], timeout: float) -> Any:
         self._worker.send(fn, args, timeout=timeout)
@@ -93,7 +118,8 @@ class LocalRunner:
         if self._prepared == task.workload_key and self._worker.is_alive():
             return None
         try:
-            self._call(_prepare, (task, self.timing.seed), self.prepare_timeout)
+            nominal = self._call(_prepare, (task, self.timing, self.anchor_nominal.get(task.workload_key)),
+                                 self.prepare_timeout)
         except TimeoutError:
             return f"making the task's inputs took over {self.prepare_timeout:.0f} s"
         except ChildProcessError:
@@ -101,9 +127,12 @@ class LocalRunner:
         except Exception as err:
             return harness_error(err, "making the task's inputs failed")
         self._prepared = task.workload_key
+        if nominal is not None:
+            self.anchor_nominal[task.workload_key] = nominal
         return None
 
     def measure(self, task: Task, built: Sequence[Built]) -> list[Measured]:
+        check_anchor(self.timing, task.device.is_gpu)
         require_local_device(task)
         out = []
         for b in built:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 from . import package
 from .build import Built
-from .measure import HARNESS, Measured, Timing
+from .measure import HARNESS, Measured, Timing, check_anchor
 from .offline_measure import BATCH, RESULTS, _write_json
 from .task import Task
 
@@ -30,6 +30,7 @@ class OfflineTimeout(TimeoutError):
 class OfflineRunner:
     def __init__(self, root: str | Path, timing: Timing = Timing(), poll_s: float = 1.0,
                  wait_s: float | None = None, say: Callable[[str], None] | None = None):
+        check_anchor(timing, gpu=False, runner="the offline runner")
         self.root = Path(root)
         self.timing = timing
         self.poll_s = poll_s

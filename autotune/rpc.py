@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from .build import Built, _last_lines
-from .measure import HARNESS, Measured, Timing, _measure_one, harness_error, task_data
+from .measure import HARNESS, Measured, Timing, _measure_one, check_anchor, harness_error, task_data
 from .task import Task
 
 DEFAULT_TRACKER_PORT = 9190
@@ -233,6 +233,7 @@ class RPCRunner:
                  prepare_timeout: float = 600.0, retries: int = 1, max_parallel: int | None = None,
                  wait_s: float = 60.0, say: Callable[[str], None] | None = None,
                  on_dispatch: Callable[[tuple[str, int], Any], None] | None = None):
+        check_anchor(timing, gpu=False, runner="the RPC runner")
         self.farm = farm if isinstance(farm, Farm) else Farm.parse(farm)
         self.timing = timing
         self.timeout = timeout

@@ -252,7 +252,7 @@ def check_error_kinds(kinds: Iterable[str]) -> set[str]:
     return kinds
 
 
-def make_runner(spec: str) -> Any:
+def make_runner(spec: str, timing: Timing = Timing()) -> Any:
     """A runner from its text: `local` (None: the tuner's own), `offline:DIR` or `rpc://HOST:PORT/KEY`."""
     if spec == "local":
         return None
@@ -260,11 +260,11 @@ def make_runner(spec: str) -> Any:
     if kind == "offline" and where:
         from .offline import OfflineRunner
 
-        return OfflineRunner(where)
+        return OfflineRunner(where, timing)
     if kind == "rpc":
         from .rpc import RPCRunner
 
-        return RPCRunner(spec)
+        return RPCRunner(spec, timing)
     raise ValueError(f"unknown runner {spec!r}; expected local, offline:DIR or rpc://HOST:PORT/KEY")
 
 

@@ -23,6 +23,8 @@ SHAPE = "rows=200,dim=8,batch=16,pooling=1-6"
     (["bench", "embedding_bag", "--shape", SHAPE, "--log", "missing.jsonl"], "log not found"),
     (["tune", "embedding_bag", "--shape", SHAPE, "--log", "x.jsonl", "--retry-errors", "timeout,nope"],
      "unknown error kind 'nope'"),
+    (["tune", "embedding_bag", "--shape", SHAPE, "--log", "x.jsonl", "--anchor", "--runner", "offline:dir"],
+     "anchored timing is for CPU tasks measured by the local runner, not the offline runner"),
 ])
 def test_user_errors_print_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

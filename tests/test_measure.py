@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from autotune.measure import LocalRunner, Timing, mismatch
@@ -47,3 +48,42 @@ def test_timing_is_the_runtimes_one_type():
     from autotune import runtime
 
     assert Timing is runtime.Timing is autotune.Timing
+
+
+def test_anchored_timing_compiles_its_anchor_in_the_worker_and_keeps_its_scale_across_crashes(cpu_builder):
+    """The default config is compiled and calibrated in the measure worker; the records look as usual; the worker
+    that replaces a crashed one takes the first one's nominal anchor latency instead of calibrating anew (on a
+    machine whose speed swings 2x, a new calibration would put the records after a crash on another scale)."""
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    by_fault = {c.as_dict()["fault"]: c for c in task.space}
+    runner = LocalRunner(Timing(number=1, repeat=3, min_repeat_ms=1, anchor=True), timeout=10)
+    try:
+        out = runner.measure(task, cpu_builder.build(task, [by_fault[f] for f in ("none", "wrong", "crash")]))
+        nominal = dict(runner.anchor_nominal)
+        again = runner.measure(task, cpu_builder.build(task, [by_fault["none"]]))
+    finally:
+        runner.close()
+    assert [m.error_kind for m in out] == [None, "wrong", "crash"]
+    assert len(out[0].costs) == 3 and all(c > 0 for c in out[0].costs)
+    assert again[0].error_kind is None and again[0].costs
+    assert list(nominal) == [task.workload_key] and nominal[task.workload_key] > 0
+    assert runner.anchor_nominal == nominal  # the new worker was handed the nominal latency and kept it
+    later = LocalRunner(runner.timing, timeout=10, anchor_nominal=nominal)  # a later run on the same scale
+    try:
+        assert later.measure(task, cpu_builder.build(task, [by_fault["none"]]))[0].costs
+    finally:
+        later.close()
+    assert later.anchor_nominal == nominal
+
+
+def test_anchored_timing_is_refused_where_it_cannot_run(tmp_path):
+    from autotune.offline import OfflineRunner
+
+    with pytest.raises(ValueError, match="not the offline runner"):
+        OfflineRunner(tmp_path, Timing(anchor=True))
+    runner = LocalRunner(Timing(anchor=True))
+    try:
+        with pytest.raises(ValueError, match="not a GPU"):
+            runner.measure(make_task("embedding_bag", "cuda:sm_90", shape="rows=100,dim=8,batch=4,pooling=2"), [])
+    finally:
+        runner.close()

@@ -127,6 +127,51 @@ def test_time_cpu_lengthens_repeats_to_the_minimum_duration():
     assert len(costs) == 2 and len(calls) > 100  # a no-op needs many calls to last 5 ms
 
 
+class _SwingingMachine:
+    """A fake clock whose machine runs 3x slower in every other half second: a shared VM's slow phases."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def kernel(self, seconds: float):
+        def run():
+            self.now += seconds * (3.0 if int(self.now / 0.5) % 2 else 1.0)
+        return run
+
+
+def test_anchored_timing_cancels_the_machines_slow_phases(monkeypatch):
+    machine = _SwingingMachine()
+    monkeypatch.setattr(runtime, "time", machine)
+    timing = runtime.Timing(number=1, repeat=40, min_repeat_ms=20)
+    raw = runtime.time_cpu(machine.kernel(1e-3), timing)
+    assert max(raw) / min(raw) > 2.5  # the phases, as time_cpu sees them
+    anchor = runtime.Anchor(machine.kernel(2e-3)).calibrate(timing)
+    assert anchor.nominal in (pytest.approx(2e-3), pytest.approx(6e-3))  # of a fast or a slow phase
+    anchored = runtime.time_anchored(machine.kernel(1e-3), anchor, timing)
+    assert len(anchored) == 40
+    # half the anchor's nominal latency whatever the phase, but for repeats a phase change cut through
+    inside = [c for c in anchored if c == pytest.approx(anchor.nominal / 2)]
+    assert len(inside) >= 30 and sorted(anchored)[20] == pytest.approx(anchor.nominal / 2)
+
+
+def test_check_and_time_times_anchored_only_with_an_anchor():
+    task = make_task("templates.faulty", "cpu", shape="n=64")
+    data = runtime.TaskData(task.template, task.workload, 0, "cpu")
+    cfg = task.space.default()
+    bound = data.bind(cfg, compile_module(task, cfg)["main"])
+    timing = runtime.Timing(number=1, repeat=3, min_repeat_ms=1, anchor=True)
+    with pytest.raises(RuntimeError, match="no anchor kernel"):
+        runtime.check_and_time(data, bound, timing)
+    calls = []
+    data.anchor = runtime.Anchor(lambda: calls.append(1)).calibrate(timing, repeats=3)
+    n = len(calls)
+    costs, kind, _ = runtime.check_and_time(data, bound, timing)
+    assert kind is None and len(costs) == 3 and all(c > 0 for c in costs) and len(calls) > n  # anchor ran too
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_time_cuda_flushes_l2_before_every_call_and_excludes_the_flush():
     """A call that does nothing on the GPU costs ~nothing although each is preceded by a flush of 2x L2."""

@@ -70,6 +70,57 @@ def test_summarize_reports_medians_per_checkpoint_and_the_ratio_to_random():
     assert "never, 4" in sq.table(s, 4, 0.05)
 
 
+def test_mean_excess_is_the_geometric_mean_excess_over_the_trials():
+    assert sq.mean_excess([2.0, 1.0], reference=1.0, worst=8.0) == pytest.approx(2 ** 0.5 - 1)
+    assert sq.mean_excess([INF, 1.0], reference=1.0, worst=4.0) == pytest.approx(1.0)  # no correct trial: worst
+    assert sq.mean_excess([1.0, 1.0], reference=1.0, worst=4.0) == 0
+    assert math.isnan(sq.mean_excess([], reference=1.0, worst=4.0))
+
+
+def test_summarize_is_margin_free_too():
+    """Two runs that cross the 5% line on the same trial, one hovering 4% above the best and the other at 2x
+    until then: the counts at 5% tie, the mean excess and the other margins tell them apart."""
+    contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
+    runs = [{"contender": "xgb", "seed": 0, "curve": [1.04, 1.04, 1.0, 1.0]},
+            {"contender": "random", "seed": 0, "curve": [2.0, 2.0, 1.0, 1.0]},
+            {"contender": "xgb", "seed": 1, "curve": [INF, 1.5, 1.5, 1.5]},
+            {"contender": "random", "seed": 1, "curve": [1.5, 1.5, 1.5, 1.5]}]
+    s = sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=4)
+    assert s["xgb"]["trials_to_margin"] == [1, None] and s["random"]["trials_to_margin"] == [3, None]
+    assert s["xgb"]["median_trials_by_margin"] == {"0.02": 5.5, "0.05": 4.5, "0.1": 4.5, "0.2": 4.5}
+    assert s["random"]["median_trials_by_margin"]["0.02"] == 5.5
+    assert s["xgb"]["excess"][0] == pytest.approx(1.04 ** 0.5 - 1)
+    assert s["xgb"]["excess"][1] == pytest.approx((2.0 * 1.5 ** 3) ** 0.25 - 1)  # INF counts as the worst, 2.0
+    assert s["random"]["excess"][0] == pytest.approx(2 ** 0.5 - 1)
+    assert s["xgb"]["seeds_below_random"] == [1, 2]
+    assert s["xgb"]["excess_vs_random"] == pytest.approx(s["xgb"]["median_excess"] / s["random"]["median_excess"])
+    text = sq.margin_free_table(s)
+    assert "| xgb | 5.5 | 4.5 | 4.5 | 4.5 |" in text and "1 of 2" in text
+
+
+def test_timing_spec():
+    assert sq._timing("") == sq.Timing()
+    assert sq._timing("number=1,repeat=7,min_repeat_ms=20,anchor=1") == sq.Timing(1, 7, 20.0, anchor=True)
+    for bad in ("repeat", "anchor=yes", "flush_l2=0"):
+        with pytest.raises(ValueError, match="expected number=N"):
+            sq._timing(bad)
+
+
+def test_an_anchored_cache_keeps_its_scale_beside_it(tmp_path):
+    cache = str(tmp_path / "c.jsonl")
+    assert sq.anchor_scale(cache, sq.Timing()) is None and sq.anchor_scale(None, sq.Timing(anchor=True)) is None
+    scale = sq.anchor_scale(cache, sq.Timing(anchor=True))
+    assert scale.path == tmp_path / "c.jsonl.anchor.json" and scale.load() is None
+    scale.save({"k": 0.002})
+    assert scale.load() == {"k": 0.002}
+    scale.path.write_text('{"k": -1}')
+    with pytest.raises(SystemExit, match="unreadable anchor scale"):
+        scale.load()
+    scale.path.write_text("{")
+    with pytest.raises(SystemExit, match="unreadable anchor scale"):
+        scale.load()
+
+
 def test_spread_of_repeated_measurements():
     s = sq.spread([1.0, 1.1, 0.9, 1.0, 1.2])
     assert s["median_s"] == 1.0 and s["range_rel"] == pytest.approx(0.3) and s["iqr_rel"] == pytest.approx(0.1)
