@@ -386,7 +386,8 @@ def time_anchored(run: Callable[[], None], anchor: "Anchor", timing: Timing) -> 
 
     Measured on a 2-vCPU cloud VM (`cpu:znver4`), 12 interleaved measurements of one config by the local runner:
     an embedding bag's spread (IQR/median) 34% plain and 9% anchored, an interaction's 9% and 5%. It costs twice
-    the time: every candidate repeat has an anchor repeat beside it."""
+    the time: every candidate repeat has an anchor repeat beside it. It cannot correct what slows the two unlike
+    (memory-bandwidth contention slows a prefetching, bandwidth-bound candidate more than a latency-bound one)."""
     number = _warm_up(run, timing)
     before = anchor.once(timing)
     costs = []

@@ -14,12 +14,13 @@ every run that proposes it sees the same number, so no strategy wins by a lucky 
 Figures: best-after-N medians over seeds, and per seed the first trial whose best-so-far is within the margin
 of the reference (a run that never gets there counts as twice the budget in the median). Where the space has a
 wide plateau a few percent above the best, where that one line falls on it decides those counts, so the
-benchmark also prints them for margins of 2-20% and a margin-free figure: each run's mean excess over the
-reference across its trials (`mean_excess`), and on how many seeds a contender's is below random's.
+benchmark also prints them for margins of 2-20% and margin-free figures: each run's mean tuning curve,
+the geometric mean of its best-so-far over its trials (`curve_mean`), and on how many seeds a contender's is
+below random's; and each run's pick re-measured at the end, all contenders' interleaved (`--picks`).
 The reference is the least median of repeated measurements of the configs logged fastest (`--confirm N`,
 default 5), not the best single measurement, which is the luckiest draw of hundreds and may lie below what that
-config runs at; it is divided by the machine's drift since the runs (`--drift K`, default 5: the median ratio re-measured / logged
-of K other configs within 2x of the best), so that it is of the moment the runs were measured in.
+config runs at; it is divided by the machine's drift since the runs (`--drift K`, default 5: the median ratio
+re-measured / logged of K other configs within 2x of the best), so that it is of the moment the runs were measured in.
 `--timing anchor=1` measures every config anchored (`runtime.time_anchored`), for a machine whose speed swings.
 `--noise K` times the default and the best config K times each (one build, K measurements of that library);
 when the best config's interquartile spread (IQR/median) exceeds --margin, the margin used is that spread: a
@@ -162,16 +163,15 @@ def median_trials(per_seed: Sequence[int | None], trials: int) -> float:
     return statistics.median(2 * trials if t is None else t for t in per_seed)
 
 
-def mean_excess(curve: Sequence[float], reference: float, worst: float) -> float:
-    """How far above the reference a run was on average over its trials: the geometric mean of best-so-far /
-    reference, less 1 (the area under its regret curve, on a log scale so that qmatmul's 35 ms first trials do
-    not outweigh the rest). Margin-free: where trials-to-within-5% asks on which trial a run crossed one line,
-    and on a plateau a few percent above the best the line's exact height decides that, this sums how close it
-    was on every trial. Trials before the first correct one count as `worst`."""
+def curve_mean(curve: Sequence[float], worst: float) -> float:
+    """The geometric mean of a run's best-so-far over its trials (the area under its tuning curve, on a log scale
+    so that qmatmul's 35 ms first trials do not outweigh the rest). Margin-free: where trials-to-within-5% asks
+    on which trial a run crossed one line, and on a plateau a few percent above the best that line's exact
+    height decides it, this weighs how close the run was on every trial; the ratio of two runs' is how much
+    lower one's curve lay, whatever the reference. Trials before the first correct one count as `worst`."""
     if not curve:
         return math.nan
-    logs = [math.log((x if math.isfinite(x) else worst) / reference) for x in curve]
-    return math.exp(sum(logs) / len(logs)) - 1
+    return math.exp(sum(math.log(x if math.isfinite(x) else worst) for x in curve) / len(curve))
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -242,33 +242,60 @@ def _run(task: Task, c: Contender, seed: int, trials: int, log: Path, cache: Mea
          runner=cache.runner, **_tune_kwargs(c))
     recs = records.for_task(records.load(log), task.op, task.workload_key, task.device.name)[:trials]
     lat = [r.latency for r in recs]
+    ok = [r for r in recs if r.ok]
     return {"contender": c.label, "seed": seed, "latencies": lat, "curve": best_so_far(lat),
+            "pick": min(ok, key=lambda r: r.latency).config if ok else None,  # what tune would hand the user
             "measured_new": cache.misses - misses, "wall_s": time.perf_counter() - t0}
 
 
 def remeasure(task: Task, builder: Any, runner: Any, cfg: Any, k: int) -> tuple[list[float], str | None]:
-    """Build `cfg` once and time that library k times (each through a copy: the runner deletes what it
-    measured); returns the k latencies and the first error, if any."""
-    (built,) = builder.build(task, [cfg])
-    if built.lib is None:
-        return [], f"{built.error_kind}: {built.error}"
-    out, error = [], None
+    """Build `cfg` once and time that library k times; returns the k latencies and the first error, if any."""
+    return remeasure_interleaved(task, builder, runner, [cfg], k)[cfg]
+
+
+def remeasure_interleaved(task: Task, builder: Any, runner: Any, cfgs: Sequence[Any], k: int,
+                          seed: int = 0) -> dict[Any, tuple[list[float], str | None]]:
+    """Build each config once and time each library k times, in k rounds over all of them (each round in a new
+    random order), so that a slow phase of the machine falls on all of them alike; per config, its latencies and
+    first error. Each timing goes through a copy of the library: the runner deletes what it measured."""
+    built = builder.build(task, list(dict.fromkeys(cfgs)))
+    out = {b.config: ([], None if b.lib else f"{b.error_kind}: {b.error}") for b in built}
+    live = [b for b in built if b.lib is not None]
+    rng = random.Random(seed)
     try:
         for _ in range(k):
-            fd, copy = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(built.lib))
-            os.close(fd)
-            shutil.copyfile(built.lib, copy)
-            (m,) = runner.measure(task, [replace(built, lib=copy)])
-            if m.error_kind is None and m.costs:
-                out.append(statistics.median(m.costs))
-            elif error is None:
-                error = f"{m.error_kind}: {m.error}"
+            rng.shuffle(live)
+            for b in live:
+                fd, copy = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(b.lib))
+                os.close(fd)
+                shutil.copyfile(b.lib, copy)
+                (m,) = runner.measure(task, [replace(b, lib=copy)])
+                lat, error = out[b.config]
+                if m.error_kind is None and m.costs:
+                    lat.append(statistics.median(m.costs))
+                elif error is None:
+                    out[b.config] = (lat, f"{m.error_kind}: {m.error}")
     finally:
-        try:
-            os.unlink(built.lib)
-        except OSError:
-            pass
-    return out, error
+        for b in live:
+            try:
+                os.unlink(b.lib)
+            except OSError:
+                pass
+    return out
+
+
+def pick_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def remeasure_picks(task: Task, cache: MeasurementCache, runs: Sequence[dict[str, Any]], k: int,
+                    seed: int = 0) -> dict[str, float]:
+    """The median of k interleaved re-measurements (`remeasure_interleaved`) of every run's pick, by config key:
+    what each contender's tuning would give its user, timed in one stretch instead of taken from a cache filled
+    at many moments (on a machine whose speed swings, the cache's figure of a pick says when it was measured)."""
+    picks = {pick_key(r["pick"]): task.space.from_json(r["pick"]) for r in runs if r.get("pick")}
+    timed = remeasure_interleaved(task, cache.inner_builder, cache.inner_runner, list(picks.values()), k, seed)
+    return {key: statistics.median(timed[cfg][0]) for key, cfg in picks.items() if timed[cfg][0]}
 
 
 def confirm(task: Task, cache: MeasurementCache, mine: Sequence[Any], n: int, k: int,
@@ -308,17 +335,19 @@ def confirm(task: Task, cache: MeasurementCache, mine: Sequence[Any], n: int, k:
 
 
 def summarize(runs: list[dict[str, Any]], contenders: Sequence[Contender], best: float, margin: float,
-              trials: int) -> dict[str, dict[str, Any]]:
+              trials: int, picks: dict[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """Per contender: best-after-N medians over seeds, trials to within the margin per seed, their median and
-    its ratio to random's; the median trials to within each of MARGINS; the mean excess over the reference per
-    seed (`mean_excess`), its median, its ratio to random's, and on how many seeds it is below random's."""
+    its ratio to random's; the median trials to within each of MARGINS; the mean tuning curve per seed
+    (`curve_mean`), its median, its ratio to random's, and on how many seeds it is below random's; with
+    `picks` (re-measured latency by `pick_key`), each seed's pick re-measured, their median and its ratio to
+    random's."""
     target = best * (1 + margin)
     worst = max((x for r in runs for x in r["curve"] if math.isfinite(x)), default=best)
     out: dict[str, dict[str, Any]] = {}
     for c in contenders:
         mine = sorted((r for r in runs if r["contender"] == c.label), key=lambda r: r["seed"])
         per_seed = [trials_to_within(r["curve"], target) for r in mine]
-        excess = {r["seed"]: mean_excess(r["curve"], best, worst) for r in mine}
+        means = {r["seed"]: curve_mean(r["curve"], worst) for r in mine}
         out[c.label] = {
             "strategy": c.strategy, "batch": c.batch, "features": c.features, "options": c.options,
             "transfer": list(c.transfer),
@@ -329,17 +358,23 @@ def summarize(runs: list[dict[str, Any]], contenders: Sequence[Contender], best:
             "median_trials_by_margin": {
                 f"{m:g}": median_trials([trials_to_within(r["curve"], best * (1 + m)) for r in mine], trials)
                 for m in MARGINS} if mine else {},
-            "excess": excess,
-            "median_excess": statistics.median(excess.values()) if mine else None,
+            "curve_mean": means,
+            "median_curve_mean": statistics.median(means.values()) if mine else None,
         }
+        picked = [picks.get(pick_key(r["pick"])) if picks and r.get("pick") else None for r in mine]
+        timed = [x for x in picked if x is not None]
+        out[c.label].update(pick_s=picked, median_pick_s=statistics.median(timed) if timed else None)
     base = out.get("random", {})
     for s in out.values():
         t, b = s["median_trials_to_margin"], base.get("median_trials_to_margin")
         s["vs_random"] = t / b if b and t else None
-        e, b = s["median_excess"], base.get("median_excess")
-        s["excess_vs_random"] = e / b if b and e is not None else None
-        paired = [(x, base["excess"][seed]) for seed, x in s["excess"].items() if seed in base.get("excess", {})]
+        e, b = s["median_curve_mean"], base.get("median_curve_mean")
+        s["curve_vs_random"] = e / b if b and e is not None else None
+        paired = [(x, base["curve_mean"][seed]) for seed, x in s["curve_mean"].items()
+                  if seed in base.get("curve_mean", {})]
         s["seeds_below_random"] = [sum(x < y for x, y in paired), len(paired)] if base else None
+        p, b = s["median_pick_s"], base.get("median_pick_s")
+        s["pick_vs_random"] = p / b if b and p is not None else None
     return out
 
 
@@ -363,17 +398,22 @@ def table(summary: dict[str, dict[str, Any]], trials: int, margin: float) -> str
 
 
 def margin_free_table(summary: dict[str, dict[str, Any]]) -> str:
-    """Median trials to within each of MARGINS, and the mean excess over the reference (median over seeds, its
-    ratio to random's, and on how many seeds it is below random's on the same seed)."""
+    """Median trials to within each of MARGINS, the mean tuning curve (median over seeds, its ratio to random's,
+    and on how many seeds it is below random's on the same seed) and the picks re-measured (median, ratio)."""
     head = ("| contender | " + " | ".join(f"within {m:.0%}" for m in MARGINS)
-            + " | mean excess over the trials | vs random | seeds below random |")
-    lines = [head, "|" + "---|" * (len(MARGINS) + 4)]
+            + " | mean curve ms | vs random | seeds below random | pick re-measured ms | vs random |")
+    lines = [head, "|" + "---|" * (len(MARGINS) + 6)]
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
     for label, s in summary.items():
         by = s["median_trials_by_margin"]
-        ex, ratio, below = s["median_excess"], s["excess_vs_random"], s["seeds_below_random"]
+        below = s["seeds_below_random"]
         lines.append(f"| {label} | " + " | ".join(f"{by[f'{m:g}']:g}" if by else "-" for m in MARGINS)
-                     + f" | {'-' if ex is None else f'{ex:.1%}'} | {'-' if ratio is None else f'{ratio:.2f}'}"
-                     + f" | {'-' if below is None or label == 'random' else f'{below[0]} of {below[1]}'} |")
+                     + f" | {_ms(s['median_curve_mean'])} | {num(s['curve_vs_random'], '.3f')}"
+                     + f" | {'-' if below is None or label == 'random' else f'{below[0]} of {below[1]}'}"
+                     + f" | {_ms(s['median_pick_s'])} | {num(s['pick_vs_random'], '.2f')} |")
     return "\n".join(lines)
 
 
@@ -489,6 +529,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--confirm", type=int, default=5, metavar="N",
                    help="re-measure the N configs logged fastest; the least median is the reference (0: the "
                         "best single measurement)")
+    p.add_argument("--picks", type=int, default=5, metavar="K",
+                   help="re-measure every run's pick K times, interleaved, at the end (0: don't)")
     p.add_argument("--drift", type=int, default=5, metavar="K",
                    help="re-measure K other configs near the best to put the reference in the runs' moment "
                         "(0: take the re-measured reference as it is)")
@@ -496,9 +538,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    "tuner's; anchor=1 times every candidate beside the default config, runtime.time_anchored)")
     a = p.parse_args(argv)
     try:
-        if a.seeds < 1 or a.trials < 1 or a.noise < 0 or a.confirm < 0 or a.drift < 0 or not 0 <= a.margin < 1:
-            raise ValueError("--seeds and --trials must be >= 1, --noise, --confirm and --drift >= 0 and --margin "
-                             "in [0, 1)")
+        if a.seeds < 1 or a.trials < 1 or min(a.noise, a.confirm, a.drift, a.picks) < 0 or not 0 <= a.margin < 1:
+            raise ValueError("--seeds and --trials must be >= 1, --noise, --confirm, --drift and --picks >= 0 and "
+                             "--margin in [0, 1)")
         contenders = parse_contenders(a.contenders)
         if a.transfer and TRANSFER_LABEL in {c.label for c in contenders}:
             raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
@@ -548,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     lat, err = remeasure(task, cache.inner_builder, cache.inner_runner, cfg, a.noise)
                     noise[which] = {"config": cfg.to_json(), "latencies": lat, "error": err, **spread(lat)}
             confirmed = confirm(task, cache, mine, a.confirm, max(a.noise, 5), noise.get("best"), a.drift)
+            picks = remeasure_picks(task, cache, runs, a.picks) if a.picks else None
         finally:
             if scale:
                 scale.save(runner.anchor_nominal)
@@ -564,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         why = ("requested" + (f"; the best config's interquartile spread over {a.noise} measurements is "
                               f"{best_iqr:.1%}" if math.isfinite(best_iqr) else "; noise not measured"))
     reference = confirmed["latency_s"] if confirmed["latency_s"] is not None else best
-    summary = summarize(runs, contenders, reference, margin, a.trials)
+    summary = summarize(runs, contenders, reference, margin, a.trials, picks)
 
     print(f"\n{name}: {a.seeds} seeds x {a.trials} trials, fresh logs; best {_ms(best)} ms ({top.config})")
     if confirmed["latency_s"] is not None:
@@ -584,7 +627,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"cache: {cache.misses} measured, {cache.hits} answered from the cache"
           + (f" ({a.cache})" if a.cache else ""))
     print(table(summary, a.trials, margin))
-    print(f"\nmargin-free (a seed that never gets within a margin counts as {2 * a.trials} trials):")
+    print(f"\nmargin-free (a seed that never gets within a margin counts as {2 * a.trials} trials)"
+          + (f"; each run's pick re-measured {a.picks}x, interleaved, median over seeds:" if picks else ":"))
     print(margin_free_table(summary))
 
     out = {"op": task.op, "shape": a.shape, "device": task.device.name, "workload_key": task.workload_key,
@@ -592,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
            "best": {"latency_s": best, "config": top.config}, "reference": confirmed,
            "margin": {"requested": a.margin, "used": margin, "why": why}, "noise": noise,
            "cache": {"path": a.cache, "measured": cache.misses, "hits": cache.hits},
-           "transfer": transfer_info, "contenders": summary, "runs": runs}
+           "transfer": transfer_info, "picks": picks, "contenders": summary, "runs": runs}
     if a.json:
         Path(a.json).write_text(json.dumps(_finite(out), indent=1) + "\n", encoding="utf-8")
     if a.png:

@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -70,16 +71,15 @@ def test_summarize_reports_medians_per_checkpoint_and_the_ratio_to_random():
     assert "never, 4" in sq.table(s, 4, 0.05)
 
 
-def test_mean_excess_is_the_geometric_mean_excess_over_the_trials():
-    assert sq.mean_excess([2.0, 1.0], reference=1.0, worst=8.0) == pytest.approx(2 ** 0.5 - 1)
-    assert sq.mean_excess([INF, 1.0], reference=1.0, worst=4.0) == pytest.approx(1.0)  # no correct trial: worst
-    assert sq.mean_excess([1.0, 1.0], reference=1.0, worst=4.0) == 0
-    assert math.isnan(sq.mean_excess([], reference=1.0, worst=4.0))
+def test_curve_mean_is_the_geometric_mean_of_the_tuning_curve():
+    assert sq.curve_mean([2.0, 1.0], worst=8.0) == pytest.approx(2 ** 0.5)
+    assert sq.curve_mean([INF, 1.0], worst=4.0) == pytest.approx(2.0)  # no correct trial yet: the worst
+    assert math.isnan(sq.curve_mean([], worst=4.0))
 
 
 def test_summarize_is_margin_free_too():
     """Two runs that cross the 5% line on the same trial, one hovering 4% above the best and the other at 2x
-    until then: the counts at 5% tie, the mean excess and the other margins tell them apart."""
+    until then: the counts at 5% tie, the mean curve and the other margins tell them apart."""
     contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
     runs = [{"contender": "xgb", "seed": 0, "curve": [1.04, 1.04, 1.0, 1.0]},
             {"contender": "random", "seed": 0, "curve": [2.0, 2.0, 1.0, 1.0]},
@@ -89,11 +89,12 @@ def test_summarize_is_margin_free_too():
     assert s["xgb"]["trials_to_margin"] == [1, None] and s["random"]["trials_to_margin"] == [3, None]
     assert s["xgb"]["median_trials_by_margin"] == {"0.02": 5.5, "0.05": 4.5, "0.1": 4.5, "0.2": 4.5}
     assert s["random"]["median_trials_by_margin"]["0.02"] == 5.5
-    assert s["xgb"]["excess"][0] == pytest.approx(1.04 ** 0.5 - 1)
-    assert s["xgb"]["excess"][1] == pytest.approx((2.0 * 1.5 ** 3) ** 0.25 - 1)  # INF counts as the worst, 2.0
-    assert s["random"]["excess"][0] == pytest.approx(2 ** 0.5 - 1)
+    assert s["xgb"]["curve_mean"][0] == pytest.approx(1.04 ** 0.5)
+    assert s["xgb"]["curve_mean"][1] == pytest.approx((2.0 * 1.5 ** 3) ** 0.25)  # INF counts as the worst, 2.0
+    assert s["random"]["curve_mean"][0] == pytest.approx(2 ** 0.5)
     assert s["xgb"]["seeds_below_random"] == [1, 2]
-    assert s["xgb"]["excess_vs_random"] == pytest.approx(s["xgb"]["median_excess"] / s["random"]["median_excess"])
+    assert s["xgb"]["curve_vs_random"] == pytest.approx(s["xgb"]["median_curve_mean"] /
+                                                        s["random"]["median_curve_mean"])
     text = sq.margin_free_table(s)
     assert "| xgb | 5.5 | 4.5 | 4.5 | 4.5 |" in text and "1 of 2" in text
 
@@ -281,6 +282,50 @@ def test_a_hit_carries_the_program_features_of_its_build(tmp_path, faulty):
     assert m.built.features == {"p.stores": 2.0}
 
 
+def test_picks_are_re_measured_in_interleaved_rounds(tmp_path, faulty):
+    task, cfgs = faulty
+
+    class FileBuilder:
+        def build(self, task, configs):  # the third config does not build
+            out = []
+            for i, c in enumerate(configs):
+                lib = tmp_path / f"{i}.so"
+                if i < 2:
+                    lib.write_bytes(b"lib")
+                out.append(Built(c, str(lib), 0.1) if i < 2 else Built(c, None, 0.1, "build", "no"))
+            return out
+
+    class DeletingRunner(FakeRunner):  # as the real runners: what was measured is deleted
+        def measure(self, task, builts):
+            for b in builts:
+                os.unlink(b.lib)
+            return super().measure(task, builts)
+
+    runner = DeletingRunner()
+    timed = sq.remeasure_interleaved(task, FileBuilder(), runner, [cfgs[0], cfgs[1], cfgs[2], cfgs[0]], k=3)
+    assert set(timed) == set(cfgs[:3])
+    rounds = [tuple(sorted(a + b)) for a, b in zip(runner.calls[0::2], runner.calls[1::2])]
+    assert rounds == [tuple(sorted([cfgs[0].key(), cfgs[1].key()]))] * 3  # every round times each config once
+    assert len(timed[cfgs[0]][0]) == len(timed[cfgs[1]][0]) == 3 and timed[cfgs[2]] == ([], "build: no")
+    assert list(tmp_path.iterdir()) == []  # the libraries and their copies are gone
+
+
+def test_summarize_reports_each_seeds_pick_re_measured():
+    contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
+    a, b = {"t": 1}, {"t": 2}
+    runs = [{"contender": "xgb", "seed": 0, "curve": [1.0], "pick": a},
+            {"contender": "xgb", "seed": 1, "curve": [1.0], "pick": b},
+            {"contender": "random", "seed": 0, "curve": [1.0], "pick": b},
+            {"contender": "random", "seed": 1, "curve": [INF], "pick": None}]
+    s = sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=1,
+                     picks={sq.pick_key(a): 2.0, sq.pick_key(b): 4.0})
+    assert s["xgb"]["pick_s"] == [2.0, 4.0] and s["xgb"]["median_pick_s"] == 3.0
+    assert s["random"]["pick_s"] == [4.0, None] and s["random"]["median_pick_s"] == 4.0
+    assert s["xgb"]["pick_vs_random"] == 0.75
+    assert "| 3.000e+03 |" not in sq.margin_free_table(s) and "| 3000.000 | 0.75 |" in sq.margin_free_table(s)
+    assert sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=1)["xgb"]["median_pick_s"] is None
+
+
 def test_transfer_log_drops_the_benchmarked_workload(tmp_path):
     task = make_task("quantize_rows", "cpu", shape="rows=9,cols=37")
     other = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")
@@ -302,7 +347,7 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
 
     # the benchmark's Builder() and LocalRunner(timing): the session's pool and measure worker, not fresh ones
     monkeypatch.setattr(sq, "Builder", lambda: SharedPool(cpu_builder))
-    monkeypatch.setattr(sq, "LocalRunner", lambda timing: RunnerView(local_runner, timing))
+    monkeypatch.setattr(sq, "LocalRunner", lambda timing, **_: RunnerView(local_runner, timing))
 
     shape = search_spaces.get("quantize_rows").TEST_SHAPE
     other = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")
@@ -335,4 +380,7 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     assert d["cache"]["measured"] == len({json.dumps(r.config, sort_keys=True)
                                           for r in records.load(tmp_path / "cache.jsonl")})
     assert (tmp_path / "o.png").stat().st_size > 1000
+    # every run's pick was re-measured (--picks, default 5) and each contender's median pick is one of them
+    assert set(d["picks"]) == {sq.pick_key(r["pick"]) for r in d["runs"]}
+    assert all(d["contenders"][c]["median_pick_s"] > 0 for c in d["contenders"])
     assert out["best"]["latency_s"] == d["best"]["latency_s"]
