@@ -47,9 +47,15 @@ def _random_unseen(space: Space, seen: set[Config], n: int, rng: random.Random) 
 
 
 def random_search(space: Space, seen: set[Config], n: int, rng: random.Random,
-                  score: Scorer | None = None, elites: Sequence[Config] = ()) -> list[Config]:
-    """n distinct unmeasured configs, uniformly at random."""
-    return _random_unseen(space, seen, n, rng)
+                  score: Scorer | None = None, elites: Sequence[Config] = (), *,
+                  default_first: bool = False) -> list[Config]:
+    """n distinct unmeasured configs, uniformly at random. With `default_first` the template's default config
+    comes first while it is unmeasured, as in model_search's first batch: the baseline that isolates what the
+    model adds where the default is near the best."""
+    if not isinstance(default_first, bool):
+        raise ValueError(f"default_first must be true or false, got {default_first!r}")
+    first = [space.default()] if default_first and n > 0 and space.default() not in seen else []
+    return first + _random_unseen(space, seen | set(first), n - len(first), rng)
 
 
 DESIGNS = SPREAD_CRITERIA  # what a first batch no model chose spreads over

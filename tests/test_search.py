@@ -21,6 +21,19 @@ def test_random_search_gives_distinct_unseen_configs():
     assert len(got) == 20 and len(set(got)) == 20 and not set(got) & seen
 
 
+def test_random_search_can_start_with_the_default_like_the_model_does():
+    import pytest
+
+    sp = space()
+    first = random_search(sp, set(), 4, random.Random(0), default_first=True)
+    assert first[0] == sp.default() and len(set(first)) == 4
+    later = random_search(sp, set(first), 4, random.Random(0), default_first=True)  # measured: not again
+    assert sp.default() not in later and len(later) == 4
+    assert sp.default() not in random_search(sp, {sp.default()}, 3, random.Random(1), default_first=True)
+    with pytest.raises(ValueError, match="default_first must be true or false"):
+        random_search(sp, set(), 4, random.Random(0), default_first="yes")
+
+
 def test_search_stops_at_exhaustion():
     sp = space()
     rng = random.Random(0)
