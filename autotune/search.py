@@ -54,7 +54,7 @@ def random_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     model adds where the default is near the best."""
     if not isinstance(default_first, bool):
         raise ValueError(f"default_first must be true or false, got {default_first!r}")
-    first = [space.default()] if default_first and n > 0 and space.default() not in seen else []
+    first = [d for d in (space.default(),) if d not in seen][:n] if default_first else []
     return first + _random_unseen(space, seen | set(first), n - len(first), rng)
 
 

@@ -220,6 +220,12 @@ def _with_options(propose: Any, options: dict[str, Any]) -> Any:
     return functools.partial(propose, **options)
 
 
+def check_strategy_options(strategy: str, options: dict[str, Any], space: Any) -> None:
+    """Raise ValueError now if `options` are not options of `strategy` or a value is bad (one cold proposal on
+    `space`), not when a run that measured for minutes first proposes with them."""
+    _with_options(STRATEGIES[strategy], options)(space, set(), 1, random.Random(0), None)
+
+
 def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, log: str | Path) -> list[Path]:
     if transfer is None:  # shipped records of this device kind, every operator (program features are shared)
         paths = [p for op in search_spaces.names() for p in records.shipped_logs(op, task.device.name)]

@@ -53,7 +53,7 @@ from autotune.measure import LocalRunner, Timing, require_local_device
 from autotune.measure_cache import MeasurementCache
 from autotune.search import STRATEGIES
 from autotune.task import Task, make_task
-from autotune.tuner import tune
+from autotune.tuner import check_strategy_options, tune
 from cost_model import FEATURE_SETS as _SETS
 
 CHECKPOINTS = (8, 16, 32, 64)
@@ -549,6 +549,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         timing = _timing(a.timing)
         task = make_task(a.op, a.device, shape=a.shape)
         require_local_device(task)
+        for c in contenders:
+            try:
+                check_strategy_options(c.strategy, c.options, task.space)
+            except ValueError as err:
+                raise ValueError(f"contender {c.label}: {err}") from None
     except (ValueError, LookupError) as err:
         p.error(str(err))
 

@@ -107,6 +107,19 @@ def test_timing_spec():
             sq._timing(bad)
 
 
+@pytest.mark.parametrize("spec, message", [
+    ("a=random:default_first=yes", "contender a: default_first must be true or false, got 'yes'"),
+    ("a=xgb:epsilon=abc", "contender a: epsilon must be a number in [0, 1], got 'abc'"),
+    ("a=xgb:nonsense=1", "contender a: strategy options ['nonsense'] are not options of model_search"),
+])
+def test_bad_contender_options_fail_before_anything_is_measured(spec, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
+                 "--cache", str(tmp_path / "c.jsonl"), "--contenders", "random=random", spec])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "c.jsonl").exists()  # nothing was measured
+
+
 def test_an_anchored_cache_keeps_its_scale_beside_it(tmp_path):
     cache = str(tmp_path / "c.jsonl")
     assert sq.anchor_scale(cache, sq.Timing()) is None and sq.anchor_scale(None, sq.Timing(anchor=True)) is None

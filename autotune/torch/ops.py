@@ -104,7 +104,8 @@ def _dispatch(name: str, b: TorchBinding, device: str | None) -> tuple[Callable[
     arity = len(params)
     device_arg = next(i for i, p in enumerate(params) if "Tensor" in str(p.annotation))
     check, route, run, fallback, describe, plan = b.check, b.route, b.run, b.op, b.describe, REGISTRY.plan
-    replayable = b.replayable if callable(b.replayable) else (lambda *args: bool(b.replayable))
+    always = bool(b.replayable)
+    replayable = b.replayable if callable(b.replayable) else (lambda *args: always)
     plans = REGISTRY.plans  # the registry's cache of plans, read without a call
 
     def select(args: tuple[Any, ...]) -> Any:
