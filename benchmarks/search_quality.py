@@ -244,6 +244,7 @@ def _run(task: Task, c: Contender, seed: int, trials: int, log: Path, cache: Mea
     lat = [r.latency for r in recs]
     ok = [r for r in recs if r.ok]
     return {"contender": c.label, "seed": seed, "latencies": lat, "curve": best_so_far(lat),
+            "keys": [r.config_key for r in recs],  # which config each trial measured (for --rescore)
             "pick": min(ok, key=lambda r: r.latency).config if ok else None,  # what tune would hand the user
             "measured_new": cache.misses - misses, "wall_s": time.perf_counter() - t0}
 
@@ -332,6 +333,73 @@ def confirm(task: Task, cache: MeasurementCache, mine: Sequence[Any], n: int, k:
     factor = statistics.median(ratios) if ratios else 1.0
     return {"latency_s": median / factor, "remeasured_s": median, "drift": factor, "drift_configs": len(ratios),
             "config": config, "logged_s": logged, "configs": len(medians), "k": k}
+
+
+def rescore(task: Task, cache: MeasurementCache, mine: Sequence[Any], top: int, k: int,
+            seed: int = 0) -> dict[str, list[float]]:
+    """The `top` distinct configs logged fastest, each re-measured k times in interleaved rounds
+    (`remeasure_interleaved`), by config key. On a machine whose speed swings by a third within seconds, a
+    config's one logged figure says mostly when it was measured; the median of k measurements spread over k
+    rounds says how fast it is, to within `split_half`."""
+    firsts: dict[str, Any] = {}
+    for r in sorted(mine, key=lambda r: r.latency):
+        firsts.setdefault(r.config_key, r)
+    chosen = list(firsts.values())[:top]
+    cfgs = {task.space.from_json(r.config): r.config_key for r in chosen}
+    timed = remeasure_interleaved(task, cache.inner_builder, cache.inner_runner, list(cfgs), k, seed)
+    return {cfgs[cfg]: lat for cfg, (lat, _) in timed.items() if lat}
+
+
+def split_half(rescored: dict[str, list[float]]) -> float:
+    """How far a rescored median can be trusted: per config, the relative difference of the medians of its odd
+    and even rounds (two independent estimates, each of half the rounds), the median over configs. The median
+    of all rounds is closer than that to the truth, so a margin this wide is one the rescoring can resolve."""
+    diffs = [abs(a - b) / ((a + b) / 2) for lat in rescored.values() if len(lat) >= 4
+             for a, b in [(statistics.median(lat[0::2]), statistics.median(lat[1::2]))]]
+    return statistics.median(diffs) if diffs else math.nan
+
+
+def rescored_curve(keys: Sequence[str], rescored: dict[str, float]) -> list[float]:
+    """A run's tuning curve by rescored latencies: after each trial, the least rescored median among the
+    configs it has measured; a config that was not rescored (logged slower than all rescored ones) counts as
+    within no margin."""
+    return best_so_far([rescored.get(k, math.inf) for k in keys])
+
+
+def summarize_rescored(runs: list[dict[str, Any]], contenders: Sequence[Contender], rescored: dict[str, float],
+                       margin: float, trials: int) -> dict[str, dict[str, Any]]:
+    """Per contender, trials to within `margin` (and each of MARGINS) of the best rescored median, per seed and
+    the median over seeds, and its ratio to random's: whether a search *found* a good config, judged by
+    measurements that all come from one stretch of time."""
+    best = min(rescored.values())
+    out: dict[str, dict[str, Any]] = {}
+    for c in contenders:
+        curves = [rescored_curve(r["keys"], rescored) for r in sorted(runs, key=lambda r: r["seed"])
+                  if r["contender"] == c.label]
+        per_seed = [trials_to_within(x, best * (1 + margin)) for x in curves]
+        out[c.label] = {"trials_to_margin": per_seed,
+                        "median_trials_to_margin": median_trials(per_seed, trials) if curves else None,
+                        "median_trials_by_margin": {
+                            f"{m:g}": median_trials([trials_to_within(x, best * (1 + m)) for x in curves], trials)
+                            for m in MARGINS} if curves else {}}
+    base = out.get("random", {}).get("median_trials_to_margin")
+    for s in out.values():
+        t = s["median_trials_to_margin"]
+        s["vs_random"] = t / base if base and t else None
+    return out
+
+
+def rescored_table(summary: dict[str, dict[str, Any]], margin: float) -> str:
+    head = (f"| contender | trials to within {margin:.1%} (per seed) | median | vs random | "
+            + " | ".join(f"within {m:.0%}" for m in MARGINS) + " |")
+    lines = [head, "|" + "---|" * (len(MARGINS) + 4)]
+    for label, s in summary.items():
+        seeds = ", ".join("never" if t is None else str(t) for t in s["trials_to_margin"])
+        med, ratio, by = s["median_trials_to_margin"], s["vs_random"], s["median_trials_by_margin"]
+        lines.append(f"| {label} | {seeds} | {'-' if med is None else f'{med:g}'} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | "
+                     + " | ".join(f"{by[f'{m:g}']:g}" if by else "-" for m in MARGINS) + " |")
+    return "\n".join(lines)
 
 
 def summarize(runs: list[dict[str, Any]], contenders: Sequence[Contender], best: float, margin: float,
@@ -534,13 +602,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--drift", type=int, default=5, metavar="K",
                    help="re-measure K other configs near the best to put the reference in the runs' moment "
                         "(0: take the re-measured reference as it is)")
+    p.add_argument("--rescore", type=int, default=0, metavar="K",
+                   help="re-measure the --rescore-top configs logged fastest K times each, interleaved, and judge "
+                        "every run also by those medians (0: don't; for a machine whose speed swings)")
+    p.add_argument("--rescore-top", type=int, default=64, metavar="N")
     p.add_argument("--timing", default="", help="number=N,repeat=N,min_repeat_ms=MS,anchor=0|1 (default: the "
                    "tuner's; anchor=1 times every candidate beside the default config, runtime.time_anchored)")
     a = p.parse_args(argv)
     try:
-        if a.seeds < 1 or a.trials < 1 or min(a.noise, a.confirm, a.drift, a.picks) < 0 or not 0 <= a.margin < 1:
+        if a.seeds < 1 or a.trials < 1 or min(a.noise, a.confirm, a.drift, a.picks, a.rescore) < 0 \
+                or a.rescore_top < 1 or not 0 <= a.margin < 1:
             raise ValueError("--seeds and --trials must be >= 1, --noise, --confirm, --drift and --picks >= 0 and "
-                             "--margin in [0, 1)")
+                             "--margin in [0, 1), --rescore >= 0 and --rescore-top >= 1")
         contenders = parse_contenders(a.contenders)
         if a.transfer and TRANSFER_LABEL in {c.label for c in contenders}:
             raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
@@ -596,6 +669,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     noise[which] = {"config": cfg.to_json(), "latencies": lat, "error": err, **spread(lat)}
             confirmed = confirm(task, cache, mine, a.confirm, max(a.noise, 5), noise.get("best"), a.drift)
             picks = remeasure_picks(task, cache, runs, a.picks) if a.picks else None
+            rescored_lat = rescore(task, cache, mine, a.rescore_top, a.rescore) if a.rescore else {}
         finally:
             if scale:
                 scale.save(runner.anchor_nominal)
@@ -636,12 +710,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           + (f"; each run's pick re-measured {a.picks}x, interleaved, median over seeds:" if picks else ":"))
     print(margin_free_table(summary))
 
+    rescored: dict[str, Any] | None = None
+    if rescored_lat:
+        medians = {k: statistics.median(v) for k, v in rescored_lat.items()}
+        half = split_half(rescored_lat)
+        r_margin = max(a.margin, half) if math.isfinite(half) else a.margin
+        best_key = min(medians, key=medians.get)
+        rescored = {"k": a.rescore, "top": a.rescore_top, "configs": len(medians), "best_s": medians[best_key],
+                    "best_config_key": best_key, "split_half": half, "margin": r_margin,
+                    "contenders": summarize_rescored(runs, contenders, medians, r_margin, a.trials),
+                    "medians": medians}
+        print(f"\nrescored: the {len(medians)} configs logged fastest, each re-measured {a.rescore}x in interleaved "
+              f"rounds; best median {_ms(medians[best_key])} ms ({best_key}); two halves of the rounds disagree by "
+              f"{half:.1%} (median over configs), so the margin is {r_margin:.1%}. A run is within it once it has "
+              "measured a config whose rescored median is:")
+        print(rescored_table(rescored["contenders"], r_margin))
+
     out = {"op": task.op, "shape": a.shape, "device": task.device.name, "workload_key": task.workload_key,
            "seeds": a.seeds, "trials": a.trials, "checkpoints": checkpoints(a.trials),
            "best": {"latency_s": best, "config": top.config}, "reference": confirmed,
            "margin": {"requested": a.margin, "used": margin, "why": why}, "noise": noise,
            "cache": {"path": a.cache, "measured": cache.misses, "hits": cache.hits},
-           "transfer": transfer_info, "picks": picks, "contenders": summary, "runs": runs}
+           "transfer": transfer_info, "picks": picks, "contenders": summary, "rescored": rescored, "runs": runs}
     if a.json:
         Path(a.json).write_text(json.dumps(_finite(out), indent=1) + "\n", encoding="utf-8")
     if a.png:
