@@ -206,34 +206,38 @@ def test_the_reference_is_put_back_into_the_moment_the_runs_were_measured_in(mon
 
 
 def test_rescoring_judges_runs_by_medians_of_one_stretch(monkeypatch):
-    """The configs logged fastest are re-measured (distinct, in logged order) and keyed by config key; a run is
-    within the margin once it has measured a config whose rescored median is, whatever its logged figure said:
-    a config logged lucky does not count, a config logged in a slow phase does."""
+    """Each run's fastest configs by its own figures are rescored, keyed by config key; a run is within the margin
+    once it has measured a config whose rescored median is, whatever its logged figure said: a config logged
+    lucky does not count, a config logged in a slow phase (here a whole run measured 3x slower) does."""
     from types import SimpleNamespace
 
     task = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")
-    cfgs = list(task.space)[:4]
-    logged = [0.5e-3, 0.9e-3, 1.0e-3, 3.0e-3]  # cfgs[0] logged lucky; cfgs[3] logged slow, never rescored
-    mine = [task.record(c, costs=(x,)) for c, x in zip(cfgs, logged)] + [task.record(cfgs[1], costs=(2e-3,))]
+    cfgs = list(task.space)[:5]
+    keys = [c.key() for c in cfgs]
+    runs = [{"contender": "xgb", "seed": 0, "keys": [keys[1], keys[0], keys[4]], "latencies": [3e-3, 3.6e-3, INF]},
+            {"contender": "random", "seed": 0, "keys": [keys[0], keys[3], keys[2], keys[1]],
+             "latencies": [0.5e-3, 4e-3, 0.8e-3, 0.9e-3]}]
+    ranks = sq.run_fastest(runs, per_run=2)
+    assert ranks == {keys[1]: 1, keys[0]: 1, keys[2]: 2}  # the failed trial and each run's slowest are not cut in
     true = {cfgs[0]: 2.0e-3, cfgs[1]: 1.0e-3, cfgs[2]: 1.5e-3}
     asked = []
 
     def interleaved(task_, builder, runner, chosen, k, seed=0):
-        asked.append(list(chosen))
+        asked.append((list(chosen), runner.timing))
         return {c: ([true[c]] * k, None) for c in chosen}
 
     monkeypatch.setattr(sq, "remeasure_interleaved", interleaved)
-    lat = sq.rescore(task, SimpleNamespace(inner_builder=None, inner_runner=None), mine, top=3, k=4)
-    assert asked == [cfgs[:3]] and lat == {c.key(): [true[c]] * 4 for c in cfgs[:3]}
+    runner = SimpleNamespace(timing="the runner's")
+    raw = {c.key(): c.to_json() for c in cfgs}
+    lat = sq.rescore(task, SimpleNamespace(inner_builder=None, inner_runner=runner), {k: raw[k] for k in ranks},
+                     k=4, timing="short")
+    assert asked == [([cfgs[1], cfgs[0], cfgs[2]], "short")] and runner.timing == "the runner's"  # restored
+    assert lat == {c.key(): [true[c]] * 4 for c in cfgs[:3]}
     medians = {k: statistics.median(v) for k, v in lat.items()}
-    keys = [c.key() for c in cfgs]
     assert sq.rescored_curve([keys[3], keys[0], keys[1]], medians) == [INF, 2.0e-3, 1.0e-3]
-    runs = [{"contender": "xgb", "seed": 0, "keys": [keys[1], keys[0]]},
-            {"contender": "random", "seed": 0, "keys": [keys[0], keys[3], keys[2], keys[1]]}]
     s = sq.summarize_rescored(runs, sq.parse_contenders(["xgb=xgb", "random=random"]), medians, 0.05, trials=4)
     assert s["xgb"]["trials_to_margin"] == [1] and s["random"]["trials_to_margin"] == [4]
-    assert s["xgb"]["vs_random"] == 0.25
-    assert s["random"]["median_trials_by_margin"]["0.2"] == 4
+    assert s["xgb"]["vs_random"] == 0.25 and s["random"]["median_trials_by_margin"]["0.2"] == 4
     assert "| xgb | 1 | 1 | 0.25 |" in sq.rescored_table(s, 0.05)
 
 
@@ -410,7 +414,7 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     out = sq.main(["--op", "quantize_rows", "--shape", shape, "--seeds", "2", "--trials", "4", "--noise", "2",
                    "--confirm", "2", "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
                    "--contenders", "xgb=xgb", "random=random", "hedge=xgb:transfer=true,diversity=2",
-                   "--timing", "number=1,repeat=2,min_repeat_ms=1", "--rescore", "4", "--rescore-top", "3",
+                   "--timing", "number=1,repeat=2,min_repeat_ms=1", "--rescore", "4", "--rescore-top", "2",
                    "--json", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])
     printed = capsys.readouterr().out
     assert "| xgb+transfer |" in printed and "margin" in printed
@@ -438,8 +442,9 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     assert set(d["picks"]) == {sq.pick_key(r["pick"]) for r in d["runs"]}
     assert all(d["contenders"][c]["median_pick_s"] > 0 for c in d["contenders"])
     assert out["best"]["latency_s"] == d["best"]["latency_s"]
-    # --rescore: the 3 configs logged fastest, 4 rounds each, and every contender judged by their medians
+    # --rescore: each run's 2 fastest configs, 4 rounds each, and every contender judged by their medians
     r = d["rescored"]
-    assert r["configs"] == 3 and r["margin"] >= 0.05 and r["best_s"] == min(r["medians"].values())
+    assert 2 <= r["configs"] <= 16 and r["margin"] >= 0.05 and r["best_s"] == min(r["medians"].values())
     assert set(r["contenders"]) == set(d["contenders"]) and "rescored:" in printed
+    assert r["run_ranks_within_margin"] and all(1 <= i <= 2 for i in r["run_ranks_within_margin"])
     assert all(len(run["keys"]) == 4 for run in d["runs"])
