@@ -22,6 +22,8 @@ default 5), not the best single measurement, which is the luckiest draw of hundr
 config runs at; it is divided by the machine's drift since the runs (`--drift K`, default 5: the median ratio
 re-measured / logged of K other configs within 2x of the best), so that it is of the moment the runs were measured in.
 `--timing anchor=1` measures every config anchored (`runtime.time_anchored`), for a machine whose speed swings.
+`--rescore K` re-measures each run's fastest configs K times in interleaved rounds and judges every run again by
+those medians (`rescore`), for a machine whose single figures say more of when than of what was measured.
 `--noise K` times the default and the best config K times each (one build, K measurements of that library);
 when the best config's interquartile spread (IQR/median) exceeds --margin, the margin used is that spread: a
 smaller one would rank runs by noise.
@@ -381,8 +383,8 @@ def split_half(rescored: dict[str, list[float]]) -> float:
 
 def rescored_curve(keys: Sequence[str], rescored: dict[str, float]) -> list[float]:
     """A run's tuning curve by rescored latencies: after each trial, the least rescored median among the
-    configs it has measured; a config that was not rescored (logged slower than all rescored ones) counts as
-    within no margin."""
+    configs it has measured; a config that was not rescored (among no run's fastest by its own figures) counts
+    as within no margin."""
     return best_so_far([rescored.get(k, math.inf) for k in keys])
 
 
