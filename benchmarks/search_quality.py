@@ -753,9 +753,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "medians": medians}
         print(f"\nrescored: each run's {a.rescore_top} fastest configs by its own figures, {len(medians)} in all, "
               f"each re-measured {a.rescore}x in interleaved rounds; best median {_ms(medians[best_key])} ms "
-              f"({best_key}); two halves of the rounds disagree by {half:.1%} (median over configs), so the margin "
-              f"is {r_margin:.1%}. {len(within)} configs are within it; the best rank a run gave each: "
-              f"{', '.join(map(str, within))}" + (
+              f"({best_key}); " + (f"two halves of the rounds disagree by {half:.1%} (median over configs)"
+                                    if math.isfinite(half) else "too few rounds (< 4) to tell their noise")
+              + f", so the margin is {r_margin:.1%}. {len(within)} configs are within it; the best rank a run "
+              f"gave each: {', '.join(map(str, within))}" + (
                   " (some near the cut: a wider --rescore-top may find more)"
                   if within and within[-1] > 0.75 * a.rescore_top else "")
               + ". A run is within the margin once it has measured a config whose rescored median is:")
