@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import roofline, runtime
-from .bench_child import median_time, torch_paths
+from .bench_child import cycled_paths, median_time
 from .kernel import Kernel, best_record
 from .runtime import Timing
 from .task import Task
@@ -171,10 +171,10 @@ def bench(task: Task, logs: Iterable[str | Path], seed: int = 0, rounds: int = 3
             why = runtime.mismatch(k.bound(*data.inputs), data.reference, *template.tolerance(w))
             if why is not None:
                 raise AssertionError(f"the {name} kernel disagrees with PyTorch: {why}")
-        paths = torch_paths(template, w, data.inputs)
+        paths = cycled_paths(template, w, data.sets, runtime)
         inputs = data.inputs
         contenders: dict[str, Callable[[], Any]] = {
-            **{name: (lambda b=k.bound: b(*inputs)) for name, k in kernels.items()}, **paths}
+            **{name: data.calls(k.bound) for name, k in kernels.items()}, **paths}
         if set(child.ready()) != set(paths):
             raise RuntimeError(f"the isolated process prepared {child.ready()}, this one {list(paths)}")
         times: dict[str, list[float]] = {k: [] for k in contenders}

@@ -43,6 +43,14 @@ def torch_paths(template: Any, w: Any, inputs: tuple[Any, ...]) -> dict[str, Cal
     return {"torch": lambda: template.reference(w, *inputs)}
 
 
+def cycled_paths(template: Any, w: Any, sets: tuple[tuple[Any, ...], ...], runtime: ModuleType
+                 ) -> dict[str, Callable[[], Any]]:
+    """The template's PyTorch paths, each cycling through the timed input sets as the kernels' timings do
+    (`runtime.TaskData.calls`): PyTorch gathers new rows too."""
+    per_set = [torch_paths(template, w, s) for s in sets]
+    return {name: runtime.cycling([paths[name] for paths in per_set]) for name in per_set[0]}
+
+
 def median_time(run: Callable[[], Any], timing: Any, runtime: ModuleType) -> float:
     """One round's figure for a contender: the median of the measurement core's repeats."""
     return statistics.median(runtime.time_cpu(run, timing))
@@ -60,8 +68,9 @@ def main() -> None:
     template = search_spaces.get(request["op"])
     w = template.Workload.from_json(request["workload"])
     timing = runtime.Timing(**request["timing"])
-    inputs = template.inputs(w, int(request["seed"]))
-    paths = torch_paths(template, w, inputs)
+    seed = int(request["seed"])
+    inputs = template.inputs(w, seed)
+    paths = cycled_paths(template, w, runtime.input_sets(template, w, seed, inputs, "cpu"), runtime)
 
     def reply(**fields: Any) -> None:
         print(json.dumps({**fields, "tvm_imported": "tvm" in sys.modules, "torch_threads": torch.get_num_threads()}),

@@ -69,7 +69,7 @@ def _prepare(task: Task, timing: Timing, nominal: float | None = None) -> float 
         why = mismatch(task, bound(*data.inputs), data.reference)
         if why is not None:
             raise RuntimeError(f"the anchor (the default config) is wrong: {why}")
-        data.anchor = runtime.Anchor(lambda: bound(*data.inputs)).calibrate(timing, nominal=nominal)
+        data.anchor = runtime.Anchor(data.calls(bound)).calibrate(timing, nominal=nominal)
     return data.anchor.nominal if data.anchor is not None else None
 
 

@@ -12,7 +12,9 @@ recorded for a config is the one a caller sees, and `bench` times kernels the sa
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
+import itertools
 import math
 import os
 import statistics
@@ -483,7 +485,8 @@ def mismatch(out: Any, ref: Any, rtol: Tolerance, atol: Tolerance) -> str | None
 
 
 class TaskData:
-    """A task's inputs and reference output on one device, made once (a 1M-row table takes a second)."""
+    """A task's inputs and reference output on one device, made once (a 1M-row table takes a second), and the
+    input sets its timed calls cycle through (`input_sets`)."""
 
     def __init__(self, template: Any, workload: Any, seed: int, device: str):
         import torch
@@ -493,6 +496,7 @@ class TaskData:
         self.inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else
                             [x.to(device) for x in t] if isinstance(t, (list, tuple)) else t for t in inputs)
         self.reference = template.reference(workload, *self.inputs)
+        self.sets = input_sets(template, workload, seed, self.inputs, device)
         self.anchor: Anchor | None = None  # set by a runner that times anchored (Timing.anchor)
 
     @property
@@ -501,6 +505,47 @@ class TaskData:
 
     def bind(self, config: Any, func: Any) -> BoundKernel:
         return BoundKernel(self.template, self.workload, config, func, self.on_gpu)
+
+    def calls(self, fn: Callable[..., Any]) -> Callable[[], Any]:
+        """`fn` on the next of the task's input sets at each call: what a timing loop runs."""
+        return cycling([functools.partial(fn, *s) for s in self.sets])
+
+
+def input_sets(template: Any, workload: Any, seed: int, inputs: tuple[Any, ...], device: str
+               ) -> tuple[tuple[Any, ...], ...]:
+    """The input sets timed calls cycle through: the template's `timed_inputs` on a CPU (its calls must not find
+    the previous calls' data in cache where a model's would not), else `inputs` alone (a GPU's L2 is flushed
+    before each timed call instead)."""
+    make = getattr(template, "timed_inputs", None)
+    if make is None or device.startswith("cuda"):
+        return (tuple(inputs),)
+    sets = tuple(tuple(s) for s in make(workload, seed, tuple(inputs), cpu_cache_bytes()))
+    if not sets or len(sets[0]) != len(inputs) or any(a is not b for a, b in zip(sets[0], inputs)):
+        raise ValueError(f"{template.__name__}.timed_inputs must return the inputs it was given as its first set")
+    return sets
+
+
+def cycling(calls: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
+    """One callable that runs the next of `calls` each time (the only one, with no overhead, if there is one)."""
+    if len(calls) == 1:
+        return calls[0]
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
+
+
+def cpu_cache_bytes(default: int = 32 << 20) -> int:
+    """The size of this machine's largest CPU cache (Linux sysfs: the last level of cpu0), or `default`."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=default)
 
 
 _DATA: dict[tuple[str, str, int, str], TaskData] = {}
@@ -526,8 +571,9 @@ def check_and_time(data: TaskData, bound: BoundKernel, timing: Timing,
     """(costs, error_kind, error): call once, compare with the reference, and only then time the same call
     (`bound(*inputs)`, what a user's call runs) in a perf_counter loop on a CPU, by CUDA events on a GPU.
 
-    The inputs are the same tensors every call, as they are for `autotune bench`: both see warm caches alike
-    (on a GPU, L2 is flushed before each call)."""
+    On a CPU the timed calls cycle through the task's input sets (`TaskData.calls`, as `autotune bench` does):
+    an embedding bag's calls gather new rows, not the rows the last call left in cache. On a GPU every call
+    gets the same inputs, with L2 flushed before each."""
     on_gpu = data.on_gpu
     inputs = data.inputs
     try:
@@ -546,9 +592,9 @@ def check_and_time(data: TaskData, bound: BoundKernel, timing: Timing,
     elif timing.anchor:
         if data.anchor is None:
             raise RuntimeError("anchored timing, but this process has no anchor kernel for the task")
-        costs = time_anchored(lambda: bound(*inputs), data.anchor, timing)
+        costs = time_anchored(data.calls(bound), data.anchor, timing)
     else:
-        costs = time_cpu(lambda: bound(*inputs), timing)
+        costs = time_cpu(data.calls(bound), timing)
     return tuple(float(c) for c in costs), None, None
 
 

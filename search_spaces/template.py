@@ -331,3 +331,7 @@ class Template(Protocol):
 #       kernel flagged in its arguments (e.g. an index out of range the gather saw and skipped), so inputs are
 #       checked without an extra pass over them. The flag is the kernel's last argument: an int32 zero on entry,
 #       nonzero where the call must raise (the compiled call path reads it so, and hands such calls to Python).
+#   timed_inputs(w, seed, inputs, cache_bytes) -> tuple of input tuples, `inputs` first: the sets a CPU timing
+#       cycles through, one per call, where a model's calls never see the same data twice and one set would stay
+#       in a cache of `cache_bytes` (the measuring CPU's largest): an embedding bag's batches gather new rows.
+#       Without it every timed call gets `inputs`, as a matmul's weights and activations are hot in a model.

@@ -7,12 +7,14 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import autotune
 from autotune import bench as bench_mod
 from autotune import roofline
 from autotune.bench import IsolatedTorch, bench, format_result
-from autotune.bench_child import torch_paths
+from autotune import runtime
+from autotune.bench_child import cycled_paths, torch_paths
 from autotune.runtime import Timing
 from autotune.task import make_task
 
@@ -47,6 +49,15 @@ def test_the_isolated_process_never_imports_tvm():
     assert set(medians) == set(torch_paths(task.template, w, task.template.inputs(w, 0)))
     assert all(t > 0 for t in medians.values())
     assert child.tvm_imported is False  # the child's own report of its sys.modules
+
+
+def test_pytorch_is_timed_on_the_same_cycle_of_input_sets_as_the_kernels():
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    data = runtime.TaskData(task.template, task.workload, 0, "cpu")
+    assert len(data.sets) > 1
+    (path,) = cycled_paths(task.template, task.workload, data.sets, runtime).values()
+    for s in data.sets * 2:
+        assert torch.equal(path(), task.template.reference(task.workload, *s))
 
 
 def test_templates_import_no_tvm_at_module_level():

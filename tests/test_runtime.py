@@ -49,6 +49,48 @@ def test_check_and_time_times_exactly_the_bound_call():
     assert min(slow) >= 2e-4 > max(fast) and Slow.calls > 3 * 5
 
 
+def test_timed_calls_cycle_through_the_templates_input_sets():
+    """An embedding bag is checked on its inputs, then timed on every set of fresh bags in turn (on one set its
+    gathered rows would stay in cache: a third of the time, on one VM)."""
+    task = make_task("embedding_bag", "cpu", shape="rows=50,dim=24,batch=13,pooling=0-7")
+    data = runtime.TaskData(task.template, task.workload, 0, "cpu")
+    assert len(data.sets) > 1 and all(a is b for a, b in zip(data.sets[0], data.inputs))
+    cfg = task.space.default()
+    seen = []
+
+    class Recording(runtime.BoundKernel):
+        def __call__(self, *tensors):
+            seen.append(id(tensors[1]))
+            return super().__call__(*tensors)
+
+    bound = Recording(task.template, task.workload, cfg, compile_module(task, cfg)["main"], False)
+    costs, kind, _ = runtime.check_and_time(data, bound, runtime.Timing(number=1, repeat=3, min_repeat_ms=5))
+    assert kind is None and seen[0] == id(data.inputs[1])
+    assert set(seen[1:]) == {id(s[1]) for s in data.sets}
+    order = [id(s[1]) for s in data.sets]
+    start = order.index(seen[1])
+    assert seen[1:len(order) + 1] == order[start:] + order[:start]  # round robin, one set a call
+
+
+def test_input_sets_are_the_inputs_alone_without_the_hook_or_on_a_gpu_and_must_start_with_them():
+    import types
+
+    inputs = (torch.zeros(3), torch.ones(2))
+    plain = types.SimpleNamespace(__name__="plain")
+    assert runtime.input_sets(plain, None, 0, inputs, "cpu") == (inputs,)
+    fresh = types.SimpleNamespace(__name__="fresh", timed_inputs=lambda w, seed, x, cache: (x, (x[0], x[1] + 1)))
+    assert len(runtime.input_sets(fresh, None, 0, inputs, "cpu")) == 2
+    assert runtime.input_sets(fresh, None, 0, inputs, "cuda:0") == (inputs,)  # L2 is flushed there instead
+    dropped = types.SimpleNamespace(__name__="dropped", timed_inputs=lambda w, seed, x, cache: ((x[0], x[1] + 1),))
+    with pytest.raises(ValueError, match="dropped.timed_inputs must return the inputs"):
+        runtime.input_sets(dropped, None, 0, inputs, "cpu")
+    one = lambda: 1  # noqa: E731
+    assert runtime.cycling([one]) is one
+    turns = runtime.cycling([lambda: "a", lambda: "b"])
+    assert [turns() for _ in range(5)] == ["a", "b", "a", "b", "a"]
+    assert runtime.cpu_cache_bytes() > 0
+
+
 def test_a_kernel_that_raises_is_a_runtime_error_and_a_bad_library_too(tmp_path):
     task = make_task("templates.faulty", "cpu", shape="n=8")
     data = runtime.TaskData(task.template, task.workload, 0, "cpu")

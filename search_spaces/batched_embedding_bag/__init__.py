@@ -25,6 +25,7 @@ from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
 from .workload import after_call  # noqa: F401  (optional member: raises what the kernel flagged)
+from .workload import timed_inputs  # noqa: F401  (optional member: timed calls gather new rows)
 
 NAME = "batched_embedding_bag"
 DOC = ("table-batched embedding_bag (FBGEMM TBE, DLRM's 26 tables): T tables concatenated, one launch, "

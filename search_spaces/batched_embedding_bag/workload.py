@@ -12,7 +12,8 @@ import numpy as np
 
 from ..embedding_bag.workload import (bag_offsets, boundaries, check_index_tensors, check_monotone, check_table,
                                       check_tensors, error_flag, first_out_of_range, flag_error, flagged, gathered,
-                                      needs, normalise_bag_fields, pack, parse_pooling, row_indices, tolerance)
+                                      forget_hot_rows, needs, normalise_bag_fields, pack, parse_pooling, row_indices,
+                                      timed_set_count, tolerance)
 from ..template import IndexOutOfRange, InvalidDtype, Traffic, Workload as _Workload, WorkloadError
 
 __all__ = ["Workload", "after_call", "baselines", "check_data", "check_inputs", "inputs", "kernel_args", "pack",
@@ -109,15 +110,40 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
     """(weight, table_offsets, indices, offsets) as torch CPU tensors, in FBGEMM's TBE layout."""
     import torch
 
-    rng = np.random.default_rng(seed)
-    sizes, offsets = bag_offsets(w.pooling, (w.tables, w.batch), rng)  # table-major bags
-    indices = np.concatenate([row_indices(rows, int(n), w.distribution, w.zipf_exponent, rng)
-                              for rows, n in zip(w.rows, sizes.sum(1))])
-    table_offsets = boundaries(w.rows)
     weight = torch.randn(w.total_rows, w.dim, generator=torch.Generator().manual_seed(seed))
+    ((indices, offsets),) = _batches(w, seed, np.random.default_rng(seed), 1)
+    return weight, torch.from_numpy(boundaries(w.rows)), indices, offsets
+
+
+def _batches(w: Workload, seed: int, rng: np.random.Generator, count: int) -> list[tuple[Any, Any]]:
+    """(indices, offsets) of `count` calls drawn by `rng`, each table's hot rows by (seed, table). Table by table,
+    so that each table's Zipf scatter is made once for all calls."""
+    import torch
+
+    drawn = [bag_offsets(w.pooling, (w.tables, w.batch), rng) for _ in range(count)]  # table-major bags
+    per_table = [row_indices(rows, int(sum(sizes[t].sum() for sizes, _ in drawn)), w.distribution,
+                             w.zipf_exponent, rng, hot_seed=(seed, t)) for t, rows in enumerate(w.rows)]
+    forget_hot_rows()
     tdt = getattr(torch, w.index_dtype)
-    return (weight, torch.from_numpy(table_offsets), torch.from_numpy(indices.astype(np.int64)).to(tdt),
-            torch.from_numpy(offsets).to(tdt))
+    taken = [0] * w.tables
+    out = []
+    for sizes, offsets in drawn:
+        parts = []
+        for t in range(w.tables):
+            n = int(sizes[t].sum())
+            parts.append(per_table[t][taken[t]:taken[t] + n])
+            taken[t] += n
+        indices = np.concatenate(parts).astype(np.int64)
+        out.append((torch.from_numpy(indices).to(tdt), torch.from_numpy(offsets).to(tdt)))
+    return out
+
+
+def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: int) -> tuple[tuple[Any, ...], ...]:
+    """The input sets timed calls cycle through: `tensors`, then batches of new bags on the same tables (as
+    embedding_bag's `timed_inputs`, which says why)."""
+    count = timed_set_count(traffic(w, *tensors).bytes, cache_bytes)
+    more = _batches(w, seed, np.random.default_rng([seed, 1]), count - 1) if count > 1 else []
+    return (tuple(tensors),) + tuple((tensors[0], tensors[1], *b) for b in more)
 
 
 def _per_table(table_offsets: Any, indices: Any, offsets: Any, batch: int) -> list[tuple[int, int, Any, Any]]:

@@ -14,6 +14,7 @@ from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
 from .workload import after_call  # noqa: F401  (optional member: raises what the kernel flagged)
+from .workload import timed_inputs  # noqa: F401  (optional member: timed calls gather new rows)
 
 NAME = "embedding_bag"
 DOC = "torch.nn.functional.embedding_bag: ragged bags (offsets), sum/mean/max, per-sample weights, padding_idx"

@@ -97,6 +97,25 @@ def test_check_inputs_accepts_its_inputs_and_rejects_a_wrong_dtype(op):
         tpl.check_inputs(w, wrong, *inputs[1:])
 
 
+@pytest.mark.parametrize("op", [op for op in OPS if hasattr(search_spaces.get(op), "timed_inputs")])
+def test_timed_input_sets_are_calls_the_kernel_must_serve(op):
+    """Every set a timing cycles through is a valid call of the workload on the same weights, the given inputs
+    first, and the default kernel computes each one's reference (so timing them times correct work)."""
+    tpl, task = search_spaces.get(op), _task(op)
+    w = task.workload
+    inputs = tpl.inputs(w, 4)
+    sets = tpl.timed_inputs(w, 4, inputs, 1 << 20)
+    assert len(sets) > 1 and all(a is b for a, b in zip(sets[0], inputs))
+    cfg = task.space.default()
+    bound = BoundKernel(tpl, w, cfg, compile_module(task, cfg), False)
+    rtol, atol = tpl.tolerance(w)
+    for s in sets[:4]:
+        assert all(s[i] is inputs[i] for i in tpl.WEIGHTS)
+        tpl.check_inputs(w, *s)
+        assert mismatch(bound(*s), tpl.reference(w, *s), rtol, atol) is None
+    assert len(tpl.timed_inputs(w, 4, inputs, 0)) == 1  # no cache to leave: one set
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_baselines_compute_the_reference_and_traffic_is_positive(op):
     tpl, w = search_spaces.get(op), _task(op).workload

@@ -24,6 +24,7 @@ from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import embedding_bag as eb
+from search_spaces.embedding_bag import workload as eb_workload
 from search_spaces.embedding_bag import cpu as eb_cpu, cuda as eb_cuda
 from search_spaces.template import IndexOutOfRange, InvalidInput
 
@@ -211,6 +212,20 @@ def test_zipf_indices_are_skewed_and_in_range():
     assert counts[:100].sum() > 0.3 * idx.numel()  # the hottest 1% of rows takes a large share
     _, uni, _ = eb.inputs(eb.Workload(rows=10_000, dim=4, batch=512, pooling=(20, 20)), seed=0)
     assert torch.bincount(uni, minlength=10_000).sort(descending=True).values[:100].sum() < 0.05 * uni.numel()
+
+
+def test_timed_sets_gather_new_rows_of_the_same_hot_set_until_they_outgrow_the_cache():
+    w = eb.Workload(rows=10_000, dim=16, batch=512, pooling=(20, 20), distribution="zipf", zipf_exponent=1.1)
+    inputs = eb.inputs(w, seed=0)
+    per_set = eb.traffic(w, *inputs).bytes  # 512 * 20 * 16 * 4 = 655 kB gathered a call
+    sets = eb.timed_inputs(w, 0, inputs, cache_bytes=1 << 20)
+    assert len(sets) == math.ceil(eb_workload.CACHE_MULTIPLE * (1 << 20) / per_set) and len(sets) * per_set >= 4 << 20
+    assert len(eb.timed_inputs(w, 0, inputs, cache_bytes=1 << 40)) == eb_workload.MAX_TIMED_SETS
+    assert not torch.equal(sets[0][1], sets[1][1])
+    hot = [set(torch.bincount(s[1], minlength=10_000).argsort(descending=True)[:20].tolist()) for s in sets[:2]]
+    assert len(hot[0] & hot[1]) >= 15  # a model's batches share their hot rows: the scatter is the seed's
+    again = eb.timed_inputs(w, 0, inputs, cache_bytes=1 << 20)
+    assert all(torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(sets, again))  # reproducible
 
 
 @pytest.mark.parametrize("shape, message", [
