@@ -198,7 +198,7 @@ def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: 
     A model's every batch gathers other rows. Timing one batch again and again keeps its rows in cache: on a
     2-vCPU EPYC VM (32 MB L3), 1M x 64 rows at 32 per bag gather 16 MB a call, 0.43 ms with the same indices,
     1.29 ms with fresh ones, and the first swung with whatever else used the shared L3 (IQR 9-33% of the median
-    against 4-11%; /tmp probes of session 26). Hot rows stay hot across sets (the same Zipf scatter)."""
+    against 4-11%; README, on measurement). Hot rows stay hot across sets (the same Zipf scatter)."""
     count = timed_set_count(traffic(w, *tensors).bytes, cache_bytes)
     rng = np.random.default_rng([seed, 1])
     sets = (tuple(tensors),) + tuple((tensors[0], *_bags(w, seed, rng)) for _ in range(count - 1))
