@@ -2,8 +2,9 @@
 
 Every contender is timed by the measurement core (`runtime.time_cpu`, one `Timing`), the kernels through the
 `runtime.BoundKernel` call path the tuner records. PyTorch is timed twice on the same inputs (made from the
-workload and seed, cycled through the template's timed input sets as the kernels are): in a child process that never imports TVM (`bench_child`: no TVM thread pool competes for
-the cores; the headline `torch_s`), and in this process next to the TVM kernels (`torch_s_in_process`).
+workload and seed, cycled through the template's timed input sets as the kernels are): in a child process that
+never imports TVM (`bench_child`: no TVM thread pool competes for the cores; the headline `torch_s`), and in
+this process next to the TVM kernels (`torch_s_in_process`).
 Rounds interleave so that drift hits all alike: each round times tuned, default and PyTorch here, then the
 child's round of PyTorch while this process waits. Outputs are checked to agree before any timing. The
 roofline is the kernel's share of this machine's measured limit (`roofline`).
