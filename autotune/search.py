@@ -2,7 +2,9 @@
 
 `random_search` is the baseline. `model_search` (strategy "xgb") asks the cost model:
 - with no trained model (a new task with nothing to transfer from) it proposes a spread-out design (the
-  default config, then configs far apart in knob space, every code path covered) instead of plain random;
+  default config, then configs that try each knob's values about equally often, every code path covered)
+  instead of plain random: what a model needs first is every value's effect, and maximin distance (the
+  `distance` design) picks the space's corners, which are mostly slow (benchmarks/search_sim.py, README);
 - otherwise it scores every unmeasured config when the space is small enough to enumerate (all our spaces
   are: thousands to tens of thousands of configs, scored in tens of milliseconds), or runs simulated
   annealing on the scores (AutoTVM's SA optimiser) when it is not;
@@ -62,7 +64,7 @@ DESIGNS = SPREAD_CRITERIA  # what a first batch no model chose spreads over
 
 
 def spread_design(space: Space, seen: set[Config], n: int, rng: random.Random,
-                  criterion: str = "distance") -> list[Config]:
+                  criterion: str = "coverage") -> list[Config]:
     """n unmeasured configs spread over the space, the default first (what to measure knowing nothing)."""
     first = [c for c in (space.default(),) if c not in seen][:n]
     try:
@@ -161,7 +163,7 @@ def _anneal(space: Space, seen: set[Config], k: int, rng: random.Random, score: 
 def model_search(space: Space, seen: set[Config], n: int, rng: random.Random,
                  score: Scorer | None = None, elites: Sequence[Config] = (), *,
                  candidates: Sequence[Config] | None = None, rerank: Scorer | None = None,
-                 epsilon: float = 0.1, pool: int = 4, diversity: float = 3.0, design: str = "distance",
+                 epsilon: float = 0.1, pool: int = 4, diversity: float = 3.0, design: str = "coverage",
                  population: int = 64, steps: int = 60,
                  temperature: tuple[float, float] = (1.0, 0.0)) -> list[Config]:
     """n distinct unmeasured configs chosen by the cost model (see the module doc).

@@ -33,7 +33,9 @@ class TuneResult:
     trials: list[records.Record] = field(default_factory=list)  # this run's records, in measured order
 
 
-DEFAULT_BATCH = {"xgb": 8, "annealing": 16, "random": 16}  # xgb: a model refit every 8 trials, not 16
+# xgb refits its model every 4 trials: early on each measurement moves it most, and a refit plus scoring the
+# whole space costs milliseconds against a second or more per measured trial (benchmarks/search_sim.py)
+DEFAULT_BATCH = {"xgb": 4, "annealing": 16, "random": 16}
 AUTO_FEATURES = "all"  # what `features="auto"` means: the set that ranked best (benchmarks/rank_quality.py)
 
 
