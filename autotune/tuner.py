@@ -34,7 +34,7 @@ class TuneResult:
 
 
 # xgb refits its model every 4 trials: early on each measurement moves it most, and a refit plus scoring the
-# whole space costs milliseconds against a second or more per measured trial (benchmarks/search_sim.py)
+# whole space takes a fraction of a second against a second or more per measured trial (benchmarks/search_sim.py)
 DEFAULT_BATCH = {"xgb": 4, "annealing": 16, "random": 16}
 AUTO_FEATURES = "all"  # what `features="auto"` means: the set that ranked best (benchmarks/rank_quality.py)
 
