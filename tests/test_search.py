@@ -91,6 +91,7 @@ def test_model_search_without_a_model_starts_with_the_default_then_spreads_out()
     sp = space()
     got = model_search(sp, set(), 6, random.Random(0), None)
     assert got[0] == sp.default() and len(set(got)) == 6
+    assert got == model_search(sp, set(), 6, random.Random(0), None, design="coverage")  # the default design
 
 
 def test_model_search_without_a_model_can_spread_by_coverage():
