@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--transfer", metavar="LOG", action="append", default=None,
                    help="logs whose records warm the cost model up (repeatable; default: the shipped logs)")
     t.add_argument("--no-transfer", action="store_true", help="start the cost model from this log alone")
+    t.add_argument("--transfer-as", choices=("pooled", "prior"), default="pooled",
+                   help="prior: a model of the transferred records scores first and this task's records correct "
+                        "it; pooled: one model of all records")
     t.add_argument("--early-stopping", type=int, default=None, help="stop after N trials without improvement")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--runner", default="local",
@@ -160,7 +163,7 @@ def _tune(args: argparse.Namespace) -> None:
         res = tune(task, trials=args.trials, log=args.log, strategy=args.strategy, seed=args.seed, timing=timing,
                    batch_size=args.batch_size, early_stopping=args.early_stopping, progress=not args.no_progress,
                    runner=runner, include_stale=args.include_stale, features=args.features,
-                   transfer=() if args.no_transfer else args.transfer,
+                   transfer=() if args.no_transfer else args.transfer, transfer_as=args.transfer_as,
                    retry_errors=[k.strip() for k in args.retry_errors.split(",") if k.strip()])
     finally:
         if runner is not None:

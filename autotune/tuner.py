@@ -43,7 +43,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
          batch_size: int | None = None, early_stopping: int | None = None, timing: Timing = Timing(),
          builder: Builder | None = None, runner: Any = None, progress: bool = True,
          include_stale: bool = False, retry_errors: Iterable[str] = (), confirm: int = 3,
-         transfer: Iterable[str | Path] | None = None, features: str = "auto",
+         transfer: Iterable[str | Path] | None = None, features: str = "auto", transfer_as: str = "pooled",
          options: dict[str, Any] | None = None) -> TuneResult:
     """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
 
@@ -52,6 +52,8 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     of the `transfer` logs (None: the shipped logs of this device kind, as TopHub; (): none) trains the cost
     model from the start, as `cost_model.training` decides: other shapes, other CPU models, other operators
     through program features. Records of another template version count for nothing unless `include_stale`.
+    `transfer_as` says how they meet the task's own (`cost_model.ranker`: a `prior` the task's records correct,
+    or one `pooled` model).
     `features` picks the model's feature set (`cost_model.FEATURE_SETS`, or "auto"); `options` go to the
     strategy (e.g. {"epsilon": 0.2, "pool": 4}). Before it stops, a run that measured anything measures its
     `confirm` fastest configs once more (not counted as trials): the best is the config whose pooled
@@ -84,7 +86,8 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
             pass
     best = records.best(mine, task.op, task.workload_key, task.device.name)
 
-    model = _Model(task, space, feature_set, include_stale, seed) if strategy in _MODEL_STRATEGIES else None
+    model = _Model(task, space, feature_set, include_stale, seed, transfer_as) \
+        if strategy in _MODEL_STRATEGIES else None
     if model is not None:
         model.learn(history + records.load_many(_transfer_logs(task, transfer, log)))
 
@@ -154,7 +157,8 @@ class _Model:
     With program features, candidates must be lowered to be featurized, so a knob model shortlists and the
     program model reranks the shortlist (lowered in the build workers, remembered per config)."""
 
-    def __init__(self, task: Task, space: Any, feature_set: str, include_stale: bool, seed: int):
+    def __init__(self, task: Task, space: Any, feature_set: str, include_stale: bool, seed: int,
+                 transfer_as: str = "pooled"):
         from cost_model.program import PROGRAM_FEATURES_VERSION
 
         self.task, self.space, self.feature_set = task, space, feature_set
@@ -164,7 +168,8 @@ class _Model:
         def ranker(fs: str) -> Ranker:
             training = TrainingSet(task.op, task.device.name, fs, search_spaces.get, version,
                                    PROGRAM_FEATURES_VERSION, task.workload_key)
-            return Ranker(training, TaskFeaturizer(task.op, task.workload, space, target, fs), seed=seed)
+            return Ranker(training, TaskFeaturizer(task.op, task.workload, space, target, fs), seed=seed,
+                          transfer_as=transfer_as)
 
         self.main = ranker(feature_set)
         self.shortlist = ranker("knobs") if uses_program(feature_set) else None

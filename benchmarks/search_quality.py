@@ -57,6 +57,7 @@ from autotune.search import STRATEGIES
 from autotune.task import Task, make_task
 from autotune.tuner import check_strategy_options, tune
 from cost_model import FEATURE_SETS as _SETS
+from cost_model import TRANSFER_AS
 
 CHECKPOINTS = (8, 16, 32, 64)
 MARGINS = (0.02, 0.05, 0.10, 0.20)  # trials to within each, beside the requested margin: no one line decides
@@ -77,6 +78,7 @@ class Contender:
     features: str | None = None  # None: tune's default
     options: dict[str, Any] = field(default_factory=dict)
     transfer: tuple[str, ...] = ()  # logs warming the model; () = cold
+    transfer_as: str | None = None  # how the model combines them with the task's own (None: tune's default)
 
 
 def _value(text: str) -> Any:
@@ -90,8 +92,8 @@ def _value(text: str) -> Any:
 
 
 def parse_contender(spec: str) -> Contender:
-    """`LABEL=STRATEGY[:key=value,...]`: keys `batch` and `features` are tune's, `transfer=true` warms the
-    contender by --transfer's log; any other key is a strategy option."""
+    """`LABEL=STRATEGY[:key=value,...]`: keys `batch`, `features` and `transfer_as` are tune's, `transfer=true`
+    warms the contender by --transfer's log; any other key is a strategy option."""
     label, eq, rest = spec.partition("=")
     label = label.strip()
     if not eq or not label or not re.fullmatch(r"[\w.+-]+", label):
@@ -100,14 +102,14 @@ def parse_contender(spec: str) -> Contender:
     strategy, colon, opts = rest.partition(":")
     if strategy not in STRATEGIES:
         raise ValueError(f"contender {spec!r}: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    batch, features, options, transfer = None, None, {}, ()
+    batch, features, options, transfer, transfer_as = None, None, {}, (), None
     for item in filter(None, opts.split(",")):
         key, eq, text = item.partition("=")
         key = key.strip()
         if not eq or not key or not text:
             raise ValueError(f"contender {spec!r}: option {item!r} is not key=value")
         if key in options or (key == "batch" and batch is not None) or (key == "features" and features is not None) \
-                or (key == "transfer" and transfer):
+                or (key == "transfer" and transfer) or (key == "transfer_as" and transfer_as):
             raise ValueError(f"contender {spec!r}: {key!r} given twice")
         if key == "batch":
             if not text.isdigit() or int(text) < 1:
@@ -122,11 +124,16 @@ def parse_contender(spec: str) -> Contender:
             if text.lower() not in ("true", "false"):
                 raise ValueError(f"contender {spec!r}: transfer must be true or false, not {text!r}")
             transfer = (WARM,) if text.lower() == "true" else ()
+        elif key == "transfer_as":
+            if text not in TRANSFER_AS:
+                raise ValueError(f"contender {spec!r}: transfer_as must be one of {', '.join(TRANSFER_AS)}, "
+                                 f"not {text!r}")
+            transfer_as = text
         else:
             options[key] = _value(text)
     if colon and not opts.strip(","):
         raise ValueError(f"contender {spec!r}: nothing after ':'")
-    return Contender(label, strategy, batch, features, options, transfer)
+    return Contender(label, strategy, batch, features, options, transfer, transfer_as)
 
 
 def parse_contenders(specs: Sequence[str]) -> list[Contender]:
@@ -194,12 +201,14 @@ def checkpoints(trials: int) -> list[int]:
 
 
 # ---- running ------------------------------------------------------------------------------------------------
-def _tune_kwargs(c: Contender) -> dict[str, Any]:
+def tune_kwargs(c: Contender) -> dict[str, Any]:
     """tune's keywords for one contender, less those this tune() does not take yet (warned about once)."""
     wanted: dict[str, Any] = {"transfer": list(c.transfer), "features": c.features or "auto",
                               "options": dict(c.options) or None}
     if c.batch is not None:
         wanted["batch_size"] = c.batch
+    if c.transfer_as is not None:
+        wanted["transfer_as"] = c.transfer_as
     accepted = inspect.signature(tune).parameters
     for key in [k for k in wanted if k not in accepted]:
         value = wanted.pop(key)
@@ -241,7 +250,7 @@ def filter_transfer(src: str | Path, task: Task, out: Path) -> tuple[int, int, d
 def _run(task: Task, c: Contender, seed: int, trials: int, log: Path, cache: MeasurementCache) -> dict[str, Any]:
     t0, misses = time.perf_counter(), cache.misses
     tune(task, trials, log, strategy=c.strategy, seed=seed, confirm=0, progress=False, builder=cache.builder,
-         runner=cache.runner, **_tune_kwargs(c))
+         runner=cache.runner, **tune_kwargs(c))
     recs = records.for_task(records.load(log), task.op, task.workload_key, task.device.name)[:trials]
     lat = [r.latency for r in recs]
     ok = [r for r in recs if r.ok]

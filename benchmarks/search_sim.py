@@ -2,7 +2,7 @@
 
     python benchmarks/search_sim.py --op embedding_bag --shape rows=1000000,dim=64,batch=2048,pooling=32 \
         --cache CACHE.jsonl --seeds 40 --trials 64 [--contenders xgb=xgb random=random b8=xgb:batch=8] \
-        [--margins 0.05 0.1] [--noise 0.03] [--ridge 30] [--json out.json]
+        [--margins 0.05 0.1] [--noise 0.03] [--ridge 30] [--transfer LOG] [--json out.json]
 
 search_quality.py measures: five seeds of three contenders take an hour on a 2-core VM, and five seeds cannot
 tell a 20% gain from luck. This fits a surrogate to the measurements a benchmark cache (or any log) already
@@ -10,8 +10,10 @@ holds for the task: ridge regression of log latency on one-hot knob values and t
 no tree model (the kind being compared) shapes the landscape. It predicts every config of the space and runs
 `tune` against those predictions, through a builder and a runner that only look them up (times lognormal noise
 of `--noise`). Forty seeds of a contender take about a minute. Contenders use knob features (program features
-need each candidate lowered) and no transfer. Trials to within a margin are judged against the surrogate's best,
-as search_quality.py judges them (a seed that never gets there counts twice the budget).
+need each candidate lowered). `--transfer LOG` warms the `transfer=true` contenders and an added `xgb+transfer`
+by LOG's real records of other shapes (less the task's own workload), as search_quality.py does: the warm model
+learns real measurements, the run meets the surrogate. Trials to within a margin are judged against the
+surrogate's best, as search_quality.py judges them (a seed that never gets there counts twice the budget).
 
 What it can say: how a strategy behaves on a landscape shaped like the measured one, over enough seeds to tell.
 What it cannot: how fast the machine is. A change it favours is then confirmed by search_quality.py.
@@ -27,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,7 +44,8 @@ from cost_model.features import uses_program
 from search_spaces import Config, InvalidConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_quality import Contender, best_so_far, median_trials, parse_contenders, trials_to_within  # noqa: E402
+from search_quality import (TRANSFER_LABEL, Contender, tune_kwargs, best_so_far, filter_transfer,  # noqa: E402
+                            median_trials, parse_contenders, trials_to_within)
 
 DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 
@@ -130,16 +134,17 @@ class SurrogateRunner:
 
 def simulate(task: Task, truth: dict[Config, float], c: Contender, seed: int, trials: int,
              noise: float) -> list[float]:
-    """One run of contender `c` on the surrogate: the true latency of each config it measured, in order."""
-    if c.transfer:
-        raise ValueError(f"contender {c.label}: the simulator has no transfer logs")
+    """One run of contender `c` on the surrogate: the true latency of each config it measured, in order.
+    `c.transfer`: the logs warming its model (real records; search_quality.WARM until main names them)."""
+    if any(not Path(log).exists() for log in c.transfer):
+        raise ValueError(f"contender {c.label}: transfer=true needs --transfer LOG")
     features = c.features if c.features not in (None, "auto") else "knobs"
     if uses_program(features):
         raise ValueError(f"contender {c.label}: program features need lowered candidates; use features=knobs")
     with tempfile.TemporaryDirectory() as tmp:
         result = tune(task, trials, Path(tmp) / "sim.jsonl", strategy=c.strategy, seed=seed, confirm=0,
                       progress=False, builder=SurrogateBuilder(), runner=SurrogateRunner(truth, noise, seed + 1000),
-                      transfer=(), features=features, options=dict(c.options) or None, batch_size=c.batch)
+                      **{**tune_kwargs(c), "features": features})
     return [truth[task.space.from_json(r.config)] for r in result.trials]
 
 
@@ -161,12 +166,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--margins", type=float, nargs="+", default=[0.05, 0.10])
     p.add_argument("--noise", type=float, default=0.03, help="sigma of a measurement's log (0.03: about 4%% IQR)")
     p.add_argument("--ridge", type=float, default=30.0)
+    p.add_argument("--transfer", metavar="LOG", help="add xgb+transfer, warmed by LOG less this workload")
     p.add_argument("--json", metavar="PATH")
     a = p.parse_args(argv)
     if a.seeds < 1 or a.trials < 1:
         p.error("--seeds and --trials must be >= 1")
     contenders = parse_contenders(a.contenders)
+    if not a.transfer and any(c.transfer for c in contenders):
+        p.error("a contender asks for transfer=true, but no --transfer LOG is given")
     task = make_task(a.op, a.device, shape=a.shape)
+    tmp = tempfile.TemporaryDirectory(prefix="search-sim-")
+    if a.transfer:
+        warm = Path(tmp.name) / "transfer.jsonl"
+        try:
+            kept, dropped, _ = filter_transfer(a.transfer, task, warm)
+        except ValueError as err:
+            p.error(str(err))
+        print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
+        contenders = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
+        contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
     recs = [r for path in a.cache for r in records.load(path)]
     truth, stats = fit_surrogate(task, recs, a.ridge)
     best = min(truth.values())
@@ -179,7 +197,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"  within {m:.0%} of the best: {k} configs ({k / len(truth):.2%}), random's median about "
               f"{math.log(2) * len(truth) / k:.0f} trials")
     out: dict[str, Any] = {"op": task.op, "shape": a.shape, "device": task.device.name, "seeds": a.seeds,
-                           "trials": a.trials, "noise": a.noise, "surrogate": stats, "contenders": {}}
+                           "trials": a.trials, "noise": a.noise, "transfer": a.transfer, "surrogate": stats,
+                           "contenders": {}}
     for c in contenders:
         t0 = time.perf_counter()
         runs = [simulate(task, truth, c, seed, a.trials, a.noise) for seed in range(a.seeds)]
@@ -193,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cells = "   ".join(f"{m:.0%}: median {row[str(m)]['median']:5.1f} mean {row[str(m)]['mean']:5.1f}"
                            for m in a.margins)
         print(f"{c.label:>16}  {cells}   ({row['wall_s']:.0f} s)", flush=True)
+    tmp.cleanup()
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

@@ -33,9 +33,10 @@ class XGBCostModel:
                 "nthread": self.threads, "verbosity": 0}
 
     def update(self, features: np.ndarray, latencies: Sequence[float], groups: Sequence[str],
-               group_weights: dict[str, float] | None = None) -> None:
+               group_weights: dict[str, float] | None = None, base_margin: np.ndarray | None = None) -> None:
         """Retrain on all data seen so far. `latencies` are seconds (inf for failures); `groups` workloads;
-        `group_weights` a weight per group (XGBoost weighs ranking groups, not rows), 1 where not given."""
+        `group_weights` a weight per group (XGBoost weighs ranking groups, not rows), 1 where not given;
+        `base_margin` a prior score per row that the trees learn to correct (pass the same to `predict`)."""
         import xgboost as xgb
 
         lat = np.asarray(latencies, dtype=np.float64)
@@ -44,25 +45,27 @@ class XGBCostModel:
             return
         order = np.argsort(grp, kind="stable")  # xgboost wants each query group contiguous
         features, lat, grp = features[order], lat[order], grp[order]
+        base_margin = None if base_margin is None else np.asarray(base_margin, dtype=np.float32)[order]
         labels = np.zeros(len(lat), dtype=np.float32)
         for g in np.unique(grp):
             ok = (grp == g) & np.isfinite(lat)
             if ok.any():  # relevance = best / latency in (0, 1]; failures keep 0, below any success
                 labels[ok] = lat[ok].min() / lat[ok]
         names, qid = np.unique(grp, return_inverse=True)
-        dtrain = xgb.DMatrix(features, label=labels, qid=qid)
+        dtrain = xgb.DMatrix(features, label=labels, qid=qid, base_margin=base_margin)
         if group_weights:
             dtrain.set_weight(np.array([group_weights.get(str(g), 1.0) for g in names], dtype=np.float32))
         self.booster = xgb.train(self._params(), dtrain, num_boost_round=self.rounds)
         self.num_features = features.shape[1]
 
-    def predict(self, features: np.ndarray) -> np.ndarray:
-        """Scores, higher = predicted faster. Untrained: zeros (the search then behaves randomly)."""
+    def predict(self, features: np.ndarray, base_margin: np.ndarray | None = None) -> np.ndarray:
+        """Scores, higher = predicted faster (margins: what another model's `base_margin` takes). Untrained:
+        `base_margin` or zeros (the search then follows the prior, or behaves randomly)."""
         if self.booster is None:
-            return np.zeros(len(features))
+            return np.zeros(len(features)) if base_margin is None else np.asarray(base_margin, dtype=np.float64)
         import xgboost as xgb
 
-        return self.booster.predict(xgb.DMatrix(features))
+        return self.booster.predict(xgb.DMatrix(features, base_margin=base_margin), output_margin=True)
 
     def save(self, path: str | Path) -> None:
         """XGBoost's own JSON model format, with our settings as attributes: no pickle anywhere."""

@@ -93,3 +93,26 @@ def test_main_prints_and_writes_each_contenders_trials(task, tmp_path, capsys):
         assert len(row["0.05"]["trials_to_margin"]) == 2
         assert row["0.2"]["median"] <= row["0.05"]["median"]  # a wider margin is never reached later
     assert out["surrogate"]["records"] == len(recs)
+
+
+def test_transfer_warms_the_first_batch_with_real_records_of_another_shape(task, tmp_path, capsys):
+    other = make_task("interaction", "cpu", shape="batch=128,tables=4,dim=16")
+    log = tmp_path / "other.jsonl"
+    records.append(log, planted_records(other, 200, 0.02))  # the same landscape, measured on another shape
+    truth = {c: planted(c) for c in task.space}
+    ranked = sorted(truth.values())
+    warm = sim.Contender("warm", "xgb", transfer=(str(log),))
+    first_batch = sim.simulate(task, truth, warm, seed=3, trials=4, noise=0.0)
+    assert min(first_batch) <= ranked[len(ranked) // 20]  # the model, not the default, chose it: top 5%
+    with pytest.raises(ValueError, match="needs --transfer"):
+        sim.simulate(task, truth, sim.Contender("w", "xgb", transfer=("<--transfer>",)), 0, 4, 0.0)
+
+    cache = tmp_path / "cache.jsonl"
+    own = planted_records(task, 120, 0.02)
+    records.append(cache, own + planted_records(other, 5, 0.02))
+    out = sim.main(["--op", "interaction", "--shape", SHAPE, "--cache", str(cache), "--seeds", "2", "--trials", "8",
+                    "--transfer", str(cache), "--contenders", "xgb=xgb", "t8=xgb:transfer=true,batch=8"])
+    assert f"{len(own)} of this workload dropped" in capsys.readouterr().out  # the answer is not in the warm-up
+    assert out["contenders"].keys() == {"xgb", "t8", "xgb+transfer"}
+    with pytest.raises(SystemExit):
+        sim.main(["--op", "interaction", "--shape", SHAPE, "--cache", str(cache), "--contenders", "t=xgb:transfer=true"])

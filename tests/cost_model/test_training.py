@@ -3,6 +3,7 @@
 import random
 
 import numpy as np
+import pytest
 import search_spaces
 from autotune import records
 from autotune.targets import resolve
@@ -86,3 +87,49 @@ def test_ranker_learns_a_knob_that_decides_speed_and_transfers_across_cpu_models
     assert scores[unrolled].mean() > scores[~unrolled].mean()
     top = [mine[i] for i in np.argsort(-scores)[:20]]
     assert sum(c.as_dict()["unroll"] for c in top) >= 18
+
+
+def _unroll_says(task, cfgs, factor, start=0):
+    """Records where `unroll` multiplies the latency by `factor` (and a small rank-keeping ramp)."""
+    return [task.record(c, costs=(1e-6 * (factor if c.as_dict()["unroll"] else 1) * (1 + 0.01 * (start + i)),))
+            for i, c in enumerate(cfgs)]
+
+
+def _task_ranker(here, transfer_as):
+    ts = TrainingSet(here.op, here.device.name, "knobs", search_spaces.get, records.current_version, "1",
+                     here.workload_key)
+    return Ranker(ts, TaskFeaturizer(here.op, here.workload, here.space, here.device.to_json(), "knobs"),
+                  transfer_as=transfer_as)
+
+
+def test_the_prior_warms_the_task_and_its_own_records_correct_it():
+    """Another shape says unroll halves the latency; this one's records say it doubles it."""
+    here, there = make_task("qmatmul", "cpu:znver3", shape=SHAPE), make_task("qmatmul", "cpu:znver3", shape="m=20,k=40,n=24")
+    ranker = _task_ranker(here, "prior")
+    ranker.training.add(_unroll_says(there, random.Random(1).sample(list(there.space), 80), 0.5))
+    ranker.fit()
+    mine = random.Random(2).sample(list(here.space), 200)
+    unrolled = np.array([c.as_dict()["unroll"] for c in mine])
+    assert ranker.trained and not ranker.model.trained  # the prior alone ranks the first batch
+    warm = ranker.score(mine)
+    assert warm[unrolled].mean() > warm[~unrolled].mean()
+    prior = ranker.prior.booster
+    for k in range(4):  # four batches of this task's own records
+        ranker.training.add(_unroll_says(here, random.Random(10 + k).sample(list(here.space), 8), 2.0, 8 * k))
+        ranker.fit()
+    assert ranker.prior.booster is prior  # fitted once on the transferred rows, not after every batch
+    own = ranker.score(mine)
+    assert own[unrolled].mean() < own[~unrolled].mean()
+    assert sum(not c.as_dict()["unroll"] for c in [mine[i] for i in np.argsort(-own)[:20]]) >= 18
+
+
+def test_without_transferred_rows_the_prior_is_never_fitted_and_pooled_stays_selectable():
+    here = make_task("qmatmul", "cpu:znver3", shape=SHAPE)
+    own = _unroll_says(here, random.Random(3).sample(list(here.space), 24), 2.0)
+    for transfer_as in ("prior", "pooled"):
+        ranker = _task_ranker(here, transfer_as)
+        ranker.training.add(own)
+        ranker.fit()
+        assert ranker.transfer_as == transfer_as and ranker.model.trained and not ranker.prior.trained
+    with pytest.raises(ValueError, match="transfer_as must be one of"):
+        _task_ranker(here, "blend")
