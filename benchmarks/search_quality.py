@@ -1,7 +1,8 @@
 """Does the cost model earn its place? Tuning curves of xgb, random and variants from fresh logs, over seeds.
 
     python benchmarks/search_quality.py --op qmatmul --shape m=2048,k=512,n=256 --seeds 5 --trials 64 \
-        [--contenders xgb=xgb random=random eps=xgb:epsilon=0.3,batch=8 warm=xgb:transfer=true,diversity=1] \
+        [--contenders xgb=xgb random=random eps=xgb:epsilon=0.3,batch=8 warm=xgb:transfer=true,diversity=1 \
+                      prior=xgb:transfer=true,transfer_as=prior] \
         [--transfer LOG] [--cache PATH] [--json out.json] [--png out.png] [--noise 10] [--margin 0.05] \
         [--confirm 5] [--drift 5]
 

@@ -9,11 +9,12 @@ tell a 20% gain from luck. This fits a surrogate to the measurements a benchmark
 holds for the task: ridge regression of log latency on one-hot knob values and their pairwise products, so that
 no tree model (the kind being compared) shapes the landscape. It predicts every config of the space and runs
 `tune` against those predictions, through a builder and a runner that only look them up (times lognormal noise
-of `--noise`). Forty seeds of a contender take about a minute. Contenders use knob features (program features
-need each candidate lowered). `--transfer LOG` warms the `transfer=true` contenders and an added `xgb+transfer`
-by LOG's real records of other shapes (less the task's own workload), as search_quality.py does: the warm model
-learns real measurements, the run meets the surrogate. Trials to within a margin are judged against the
-surrogate's best, as search_quality.py judges them (a seed that never gets there counts twice the budget).
+of `--noise`). Forty seeds of a contender take a minute or two (a warm one longer: a pooled model refits on
+every transferred record). Contenders use knob features (program features need each candidate lowered).
+`--transfer LOG` warms the `transfer=true` contenders and an added `xgb+transfer` by LOG's real records of other
+shapes (less the task's own workload), as search_quality.py does: the warm model learns real measurements, the
+run meets the surrogate. Trials to within a margin are judged against the surrogate's best, as
+search_quality.py judges them (a seed that never gets there counts twice the budget).
 
 What it can say: how a strategy behaves on a landscape shaped like the measured one, over enough seeds to tell.
 What it cannot: how fast the machine is. A change it favours is then confirmed by search_quality.py.
@@ -44,8 +45,8 @@ from cost_model.features import uses_program
 from search_spaces import Config, InvalidConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_quality import (TRANSFER_LABEL, Contender, tune_kwargs, best_so_far, filter_transfer,  # noqa: E402
-                            median_trials, parse_contenders, trials_to_within)
+from search_quality import (TRANSFER_LABEL, Contender, best_so_far, filter_transfer, median_trials,  # noqa: E402
+                            parse_contenders, trials_to_within, tune_kwargs)
 
 DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 
@@ -175,44 +176,43 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not a.transfer and any(c.transfer for c in contenders):
         p.error("a contender asks for transfer=true, but no --transfer LOG is given")
     task = make_task(a.op, a.device, shape=a.shape)
-    tmp = tempfile.TemporaryDirectory(prefix="search-sim-")
-    if a.transfer:
-        warm = Path(tmp.name) / "transfer.jsonl"
-        try:
-            kept, dropped, _ = filter_transfer(a.transfer, task, warm)
-        except ValueError as err:
-            p.error(str(err))
-        print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
-        contenders = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
-        contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
-    recs = [r for path in a.cache for r in records.load(path)]
-    truth, stats = fit_surrogate(task, recs, a.ridge)
-    best = min(truth.values())
-    print(f"{task.op} {a.shape} on {task.device.name}: surrogate of {stats['records']} records over "
-          f"{stats['space']} configs, held-out rank correlation {stats['held_out_rank_correlation']:.2f}, "
-          f"best {best * 1e3:.3f} ms")
-    stats["within"] = {str(m): sum(v <= best * (1 + m) for v in truth.values()) for m in a.margins}
-    for m in a.margins:
-        k = stats["within"][str(m)]  # random's median trials to one of k in n: about ln 2 * n / k
-        print(f"  within {m:.0%} of the best: {k} configs ({k / len(truth):.2%}), random's median about "
-              f"{math.log(2) * len(truth) / k:.0f} trials")
-    out: dict[str, Any] = {"op": task.op, "shape": a.shape, "device": task.device.name, "seeds": a.seeds,
-                           "trials": a.trials, "noise": a.noise, "transfer": a.transfer, "surrogate": stats,
-                           "contenders": {}}
-    for c in contenders:
-        t0 = time.perf_counter()
-        runs = [simulate(task, truth, c, seed, a.trials, a.noise) for seed in range(a.seeds)]
-        row: dict[str, Any] = {"wall_s": time.perf_counter() - t0}
+    with tempfile.TemporaryDirectory(prefix="search-sim-") as tmp:  # the filtered transfer log
+        if a.transfer:
+            warm = Path(tmp) / "transfer.jsonl"
+            try:
+                kept, dropped, _ = filter_transfer(a.transfer, task, warm)
+            except ValueError as err:
+                p.error(str(err))
+            print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
+            contenders = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
+            contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
+        recs = [r for path in a.cache for r in records.load(path)]
+        truth, stats = fit_surrogate(task, recs, a.ridge)
+        best = min(truth.values())
+        print(f"{task.op} {a.shape} on {task.device.name}: surrogate of {stats['records']} records over "
+              f"{stats['space']} configs, held-out rank correlation {stats['held_out_rank_correlation']:.2f}, "
+              f"best {best * 1e3:.3f} ms")
+        stats["within"] = {str(m): sum(v <= best * (1 + m) for v in truth.values()) for m in a.margins}
         for m in a.margins:
-            per_seed = [judge(r, best, m) for r in runs]
-            counted = [2 * a.trials if t is None else t for t in per_seed]
-            row[str(m)] = {"trials_to_margin": per_seed, "median": median_trials(per_seed, a.trials),
-                           "mean": statistics.mean(counted)}
-        out["contenders"][c.label] = row
-        cells = "   ".join(f"{m:.0%}: median {row[str(m)]['median']:5.1f} mean {row[str(m)]['mean']:5.1f}"
-                           for m in a.margins)
-        print(f"{c.label:>16}  {cells}   ({row['wall_s']:.0f} s)", flush=True)
-    tmp.cleanup()
+            k = stats["within"][str(m)]  # random's median trials to one of k in n: about ln 2 * n / k
+            print(f"  within {m:.0%} of the best: {k} configs ({k / len(truth):.2%}), random's median about "
+                  f"{math.log(2) * len(truth) / k:.0f} trials")
+        out: dict[str, Any] = {"op": task.op, "shape": a.shape, "device": task.device.name, "seeds": a.seeds,
+                               "trials": a.trials, "noise": a.noise, "transfer": a.transfer, "surrogate": stats,
+                               "contenders": {}}
+        for c in contenders:
+            t0 = time.perf_counter()
+            runs = [simulate(task, truth, c, seed, a.trials, a.noise) for seed in range(a.seeds)]
+            row: dict[str, Any] = {"wall_s": time.perf_counter() - t0}
+            for m in a.margins:
+                per_seed = [judge(r, best, m) for r in runs]
+                counted = [2 * a.trials if t is None else t for t in per_seed]
+                row[str(m)] = {"trials_to_margin": per_seed, "median": median_trials(per_seed, a.trials),
+                               "mean": statistics.mean(counted)}
+            out["contenders"][c.label] = row
+            cells = "   ".join(f"{m:.0%}: median {row[str(m)]['median']:5.1f} mean {row[str(m)]['mean']:5.1f}"
+                               for m in a.margins)
+            print(f"{c.label:>16}  {cells}   ({row['wall_s']:.0f} s)", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return out

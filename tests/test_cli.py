@@ -70,6 +70,7 @@ def test_tune_best_bench_through_the_console_script(tmp_path):
     log = tmp_path / "eb.jsonl"
     exe = [sys.executable, "-m", "autotune.cli"]
     tune = subprocess.run(exe + ["tune", "embedding_bag", "--shape", SHAPE, "--trials", "2", "--batch-size", "2",
+                                 "--transfer-as", "prior",  # warmed by the shipped logs' prior
                                  "--log", str(log), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert tune.returncode == 0, tune.stderr
     assert "best:" in tune.stdout and len({r.config_key for r in records.load(log)}) == 2

@@ -150,6 +150,9 @@ def test_contender_spec_parsing():
     warm = sq.parse_contender("hedge=xgb:transfer=true,diversity=2")
     assert warm.transfer == (sq.WARM,) and warm.options == {"diversity": 2}  # --transfer's log, once known
     assert sq.parse_contender("cold=xgb:transfer=false").transfer == ()
+    prior = sq.parse_contender("prior=xgb:transfer=true,transfer_as=prior")
+    assert prior.transfer_as == "prior" and sq.tune_kwargs(prior)["transfer_as"] == "prior"
+    assert "transfer_as" not in sq.tune_kwargs(warm)  # tune's default
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -159,6 +162,8 @@ def test_contender_spec_parsing():
     ("a=xgb:epsilon", "not key=value"), ("a=xgb:epsilon=", "not key=value"),
     ("a=xgb:pool=2,pool=3", "given twice"), ("a=xgb:", "nothing after"),
     ("a=xgb:transfer=yes", "transfer must be true or false"), ("a=xgb:transfer=true,transfer=true", "given twice"),
+    ("a=xgb:transfer_as=blend", "transfer_as must be one of prior, pooled"),
+    ("a=xgb:transfer_as=prior,transfer_as=pooled", "given twice"),
 ])
 def test_bad_contender_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
