@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 import search_spaces
+from cost_model import TRANSFER_AS
 from search_spaces import InvalidConfig, UnknownOperator, WorkloadError
 
 from autotune.check import DEFAULT_CASES, DEFAULT_TIMEOUT_S
@@ -47,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--transfer", metavar="LOG", action="append", default=None,
                    help="logs whose records warm the cost model up (repeatable; default: the shipped logs)")
     t.add_argument("--no-transfer", action="store_true", help="start the cost model from this log alone")
-    t.add_argument("--transfer-as", choices=("pooled", "prior"), default="pooled",
+    t.add_argument("--transfer-as", choices=TRANSFER_AS, default="pooled",
                    help="prior: a model of the transferred records scores first and this task's records correct "
                         "it; pooled: one model of all records")
     t.add_argument("--early-stopping", type=int, default=None, help="stop after N trials without improvement")

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 import search_spaces
-from cost_model import Ranker, TaskFeaturizer, TrainingSet
+from cost_model import TRANSFER_AS, Ranker, TaskFeaturizer, TrainingSet
 from cost_model.features import check_feature_set, uses_program
 from search_spaces import Config, InvalidConfig
 
@@ -67,6 +67,8 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     feature_set = check_feature_set(AUTO_FEATURES if features == "auto" else features)
+    if transfer_as not in TRANSFER_AS:
+        raise ValueError(f"transfer_as must be one of {', '.join(TRANSFER_AS)}, got {transfer_as!r}")
     retry = check_error_kinds(retry_errors)
     propose = _with_options(STRATEGIES[strategy], options or {})
     space = task.space

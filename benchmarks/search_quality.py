@@ -248,6 +248,20 @@ def filter_transfer(src: str | Path, task: Task, out: Path) -> tuple[int, int, d
     return len(kept), dropped, by
 
 
+def warm_contenders(contenders: Sequence[Contender], log: str | Path, task: Task,
+                    tmp: Path) -> tuple[list[Contender], dict[str, Any]]:
+    """`contenders` with those asking for `transfer=true` warmed by `log` less `task`'s own workload (written
+    under `tmp`), plus the `xgb+transfer` contender; and what the warm-up kept, as printed."""
+    warm = tmp / "transfer.jsonl"
+    kept, dropped, by = filter_transfer(log, task, warm)
+    print(f"transfer from {log}: {kept} records kept, {dropped} of this workload dropped")
+    for where, n in sorted(by.items()):
+        print(f"  {n:6d}  {where}")
+    out = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
+    out.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
+    return out, {"log": str(log), "kept": kept, "dropped_own_workload": dropped, "by": by}
+
+
 def _run(task: Task, c: Contender, seed: int, trials: int, log: Path, cache: MeasurementCache) -> dict[str, Any]:
     t0, misses = time.perf_counter(), cache.misses
     tune(task, trials, log, strategy=c.strategy, seed=seed, confirm=0, progress=False, builder=cache.builder,
@@ -654,6 +668,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             raise ValueError(f"the label {TRANSFER_LABEL} is --transfer's")
         if not a.transfer and any(c.transfer for c in contenders):
             raise ValueError("a contender asks for transfer=true, but no --transfer LOG is given")
+        if a.transfer and not Path(a.transfer).exists():
+            raise ValueError(f"transfer log {a.transfer} does not exist")
         timing = _timing(a.timing)
         rescore_timing = _timing(a.rescore_timing) if a.rescore_timing else timing
         task = make_task(a.op, a.device, shape=a.shape)
@@ -670,14 +686,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="search-quality-") as tmp:
         transfer_info = None
         if a.transfer:
-            warm = Path(tmp) / "transfer.jsonl"
-            kept, dropped, by = filter_transfer(a.transfer, task, warm)
-            transfer_info = {"log": str(a.transfer), "kept": kept, "dropped_own_workload": dropped, "by": by}
-            print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
-            for where, n in sorted(by.items()):
-                print(f"  {n:6d}  {where}")
-            contenders = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
-            contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
+            contenders, transfer_info = warm_contenders(contenders, a.transfer, task, Path(tmp))
         scale = anchor_scale(a.cache, timing)
         runner = LocalRunner(timing, anchor_nominal=scale.load() if scale else None)
         cache = MeasurementCache(a.cache, Builder(), runner)

@@ -30,7 +30,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,8 +44,8 @@ from cost_model.features import uses_program
 from search_spaces import Config, InvalidConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_quality import (TRANSFER_LABEL, Contender, best_so_far, filter_transfer, median_trials,  # noqa: E402
-                            parse_contenders, trials_to_within, tune_kwargs)
+from search_quality import (Contender, best_so_far, median_trials, parse_contenders,  # noqa: E402
+                            trials_to_within, tune_kwargs, warm_contenders)
 
 DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 
@@ -175,17 +174,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     contenders = parse_contenders(a.contenders)
     if not a.transfer and any(c.transfer for c in contenders):
         p.error("a contender asks for transfer=true, but no --transfer LOG is given")
+    if a.transfer and not Path(a.transfer).exists():
+        p.error(f"transfer log {a.transfer} does not exist")
     task = make_task(a.op, a.device, shape=a.shape)
     with tempfile.TemporaryDirectory(prefix="search-sim-") as tmp:  # the filtered transfer log
         if a.transfer:
-            warm = Path(tmp) / "transfer.jsonl"
-            try:
-                kept, dropped, _ = filter_transfer(a.transfer, task, warm)
-            except ValueError as err:
-                p.error(str(err))
-            print(f"transfer from {a.transfer}: {kept} records kept, {dropped} of this workload dropped")
-            contenders = [replace(c, transfer=(str(warm),)) if c.transfer else c for c in contenders]
-            contenders.append(Contender(TRANSFER_LABEL, "xgb", transfer=(str(warm),)))
+            contenders, _ = warm_contenders(contenders, a.transfer, task, Path(tmp))
         recs = [r for path in a.cache for r in records.load(path)]
         truth, stats = fit_surrogate(task, recs, a.ridge)
         best = min(truth.values())

@@ -116,3 +116,7 @@ def test_transfer_warms_the_first_batch_with_real_records_of_another_shape(task,
     assert out["contenders"].keys() == {"xgb", "t8", "xgb+transfer"}
     with pytest.raises(SystemExit):
         sim.main(["--op", "interaction", "--shape", SHAPE, "--cache", str(cache), "--contenders", "t=xgb:transfer=true"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        sim.main(["--op", "interaction", "--shape", SHAPE, "--cache", str(cache), "--transfer", str(tmp_path / "nope")])
+    assert f"transfer log {tmp_path / 'nope'} does not exist" in capsys.readouterr().err

@@ -233,3 +233,5 @@ def test_transfer_warms_the_first_batch_and_cold_starts_spread_out(tmp_path, wor
         tune(task, trials=1, log=tmp_path / "x.jsonl", options={"epsilonn": 0.2}, progress=False)
     with pytest.raises(ValueError, match="feature set"):
         tune(task, trials=1, log=tmp_path / "x.jsonl", features="knob", progress=False)
+    with pytest.raises(ValueError, match="transfer_as must be one of prior, pooled, got 'blend'"):  # any strategy
+        tune(task, trials=1, log=tmp_path / "x.jsonl", strategy="random", transfer_as="blend", progress=False)
