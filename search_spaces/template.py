@@ -82,6 +82,9 @@ class Workload:
     """
 
     SHAPE_ALIASES: ClassVar[dict[str, str]] = {}
+    # Fields added after records of the workload were logged, with the value the older records meant: left out
+    # of the JSON (and so of the key) while they hold it, so those records keep their identity.
+    KEY_DEFAULTS: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def from_shape(cls, text: str) -> "Workload":
@@ -111,6 +114,8 @@ class Workload:
         out = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             v = getattr(self, f.name)
+            if f.name in self.KEY_DEFAULTS and v == self.KEY_DEFAULTS[f.name]:
+                continue
             out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
 

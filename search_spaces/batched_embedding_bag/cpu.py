@@ -29,7 +29,7 @@ def space(w: Workload, target: Any) -> Space:
     check_llvm("batched_embedding_bag", target)
     accumulators = ACCUMULATOR.options if w.mode == "sum" else ("local",)
     return Space(
-        [THREADING, BAGS_PER_TASK, vectors(w.dim), UNROLL, PREFETCH, prefetch_lines(w.dim),
+        [THREADING, BAGS_PER_TASK, vectors(w.dim), UNROLL, PREFETCH, prefetch_lines(w.rows_format),
          ACCUMULATOR.only(accumulators)],
         [LINES_NEED_PREFETCH, TASKS_NEED_PARALLEL],
     )

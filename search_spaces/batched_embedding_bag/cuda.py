@@ -35,7 +35,7 @@ GPU_UNROLL = replace(_GPU_UNROLL, options=(4, 1, 2, 8))
 def space(w: Workload, target: Any) -> Space:
     """The CUDA space: vector width and loads per thread along the dimension, block size, rounds, unroll."""
     check_cuda("batched_embedding_bag", target)
-    vectors = gpu_vectors(w.dim)
+    vectors = gpu_vectors(w.rows_format)
     iters = [i for i in DIM_ITERS.options if any(w.dim % (v * i) == 0 for v in vectors)]
     return Space(
         [GPU_VECTOR.only(vectors), DIM_ITERS.only(iters), block_sizes(THREADS, target), BAG_ROUNDS, GPU_UNROLL],

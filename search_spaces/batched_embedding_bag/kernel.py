@@ -56,7 +56,9 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     ialign = index_alignment(idt)
     identity = -math.inf if mode == "max" else 0.0
     i64 = "int64"
-    prefetch_row = prefetcher(prefetch_lines)
+    fmt = w.rows_format
+    WD = fmt.width
+    prefetch_row = prefetcher(prefetch_lines, fmt)
     flag_if = flag_where()
     check_boundaries = boundaries_checker()
 
@@ -86,25 +88,25 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     def index(I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any) -> Any:
         return T.Cast(i64, I[start(Off, vt, vb, NB) + vl])
 
-    def row(W: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any, vd: Any) -> Any:
+    def row(W: Any, S: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any, vd: Any) -> Any:
         """Element vd of the bag's vl-th row, a guarded load: an index out of its table is never read."""
         idx = index(I, Off, vt, vb, NB, vl)
         if branch:  # the branch around the row guards it
-            return W[TO[vt] + idx, vd]
-        return T.if_then_else(in_range(idx, rows_of(TO, vt)), W[TO[vt] + idx, vd], T.float32(identity))
+            return fmt.load(W, S, TO[vt] + idx, vd)
+        return T.if_then_else(in_range(idx, rows_of(TO, vt)), fmt.load(W, S, TO[vt] + idx, vd), T.float32(identity))
 
     def staged_index(TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any, vl: Any) -> Any:
         """The bag's vl-th index; past the end, its last one."""
         last = start(Off, vt, vb, NB) + count(TO, Off, vt, vb, NB, NNZ, R) - 1
         return T.Cast(i64, I[T.min(start(Off, vt, vb, NB) + vl, last)])
 
-    def staged_row(W: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any, vl: Any,
+    def staged_row(W: Any, S: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any, vl: Any,
                    vd: Any) -> Any:
         """Element vd of the bag's vl-th row; past the end, of its last row, pooling as nothing; for an index out
         of its table, of the table's first row, pooling as nothing."""
         idx = staged_index(TO, I, Off, vt, vb, NB, NNZ, R, vl)
         ok = in_range(idx, rows_of(TO, vt))
-        value = W[TO[vt] + T.Select(ok, idx, T.int64(0)), vd]
+        value = fmt.load(W, S, TO[vt] + T.Select(ok, idx, T.int64(0)), vd)
         # masked bit by bit: the load stays unconditional (an if_then_else would put it under a branch) and no
         # inf or NaN of the repeated row leaks in (as value * 0 would)
         if mode == "max":  # re-pooling the last row changes no maximum; a bad index's row pools as -inf
@@ -139,23 +141,23 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
         return T.vectorized(n) if n > 1 else T.serial(n)
 
     def rows_in(name: str) -> Any:
-        """CPU: a macro `pool_row(W, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)`, row l of bag (vt, vb) (l < its
+        """CPU: a macro `pool_row(W, S, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)`, row l of bag (vt, vb) (l < its
         count): its prefetch, check and add in block `name` (one macro per name, as embedding_bag's)."""
 
         @T.macro
-        def add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R):
+        def add_row(W, S, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R):
             for dm in T.unroll(D // vector):
                 for dv in lanes(vector):
                     with T.sblock(name):
                         vl = T.axis.reduce(count(TO, Off, vt, vb, NB, NNZ, R), l)
                         vd = T.axis.spatial(D, dm * vector + dv)
                         if direct:
-                            O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+                            O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, S, TO, I, Off, vt, vb, NB, vl, vd))
                         else:
-                            A[vd] = combine(A[vd], row(W, TO, I, Off, vt, vb, NB, vl, vd))
+                            A[vd] = combine(A[vd], row(W, S, TO, I, Off, vt, vb, NB, vl, vd))
 
         @T.macro
-        def pool_row(W, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R):
+        def pool_row(W, S, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R):
             if prefetch > 0:
                 # clamped, not guarded: no branch in the loop; the tail re-prefetches the last row. Near a table's
                 # end the guess uses this table's base: a wasted prefetch, never a fault.
@@ -163,23 +165,23 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                                       R - 1))
             if branch:
                 if in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)):
-                    add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
+                    add_row(W, S, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
                 else:
                     flag_if(Flag, True, INDEX_ERROR)
             else:
                 flag_if(Flag, not in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)), INDEX_ERROR)
-                add_row(W, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
+                add_row(W, S, TO, I, Off, A, O, vt, vb, l, NB, NNZ, R)
 
         return pool_row
 
     group_row, tail_row = rows_in("acc"), rows_in("acc_tail")
 
     @T.macro
-    def pool(W, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R):
+    def pool(W, S, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R):
         """CPU: reduce bag (vt, vb)'s rows into A[0:D] (or straight into its output row when `direct`), in one
         block: its only writer seen from the bag (see embedding_bag's)."""
         with T.sblock("pool"):
-            T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:D])
+            T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
             if direct:
                 T.writes(O[vb, vt * D:vt * D + D])
             else:
@@ -193,17 +195,17 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                         A[vd0] = T.float32(identity)
             if unroll == 1:
                 for l in range(count(TO, Off, vt, vb, NB, NNZ, R)):
-                    group_row(W, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)
+                    group_row(W, S, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)
             else:
                 for g in range(count(TO, Off, vt, vb, NB, NNZ, R) // unroll):
                     for u in T.unroll(T.int64(unroll)):
-                        group_row(W, TO, I, Off, A, O, Flag, vt, vb, g * unroll + u, NB, NNZ, R)
+                        group_row(W, S, TO, I, Off, A, O, Flag, vt, vb, g * unroll + u, NB, NNZ, R)
                 for r in range(count(TO, Off, vt, vb, NB, NNZ, R) % unroll):
-                    tail_row(W, TO, I, Off, A, O, Flag, vt, vb,
+                    tail_row(W, S, TO, I, Off, A, O, Flag, vt, vb,
                              count(TO, Off, vt, vb, NB, NNZ, R) // unroll * unroll + r, NB, NNZ, R)
 
     @T.macro
-    def pool_staged(W, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R):
+    def pool_staged(W, S, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R):
         """Reduce bag (vt, vb)'s rows into A[0:D], U rows per step through the stage G[0:U, 0:D]."""
         for s in range(steps(TO, Off, vt, vb, NB, NNZ, R)):
             for u in range(U):
@@ -219,7 +221,7 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                     vs = T.axis.spatial(steps(TO, Off, vt, vb, NB, NNZ, R), s)
                     vu = T.axis.spatial(U, u)
                     vd = T.axis.spatial(D, d)
-                    G[vu, vd] = staged_row(W, TO, I, Off, vt, vb, NB, NNZ, R, vs * U + vu, vd)
+                    G[vu, vd] = staged_row(W, S, TO, I, Off, vt, vb, NB, NNZ, R, vs * U + vu, vd)
             for u, d in T.grid(U, D):
                 with T.sblock("acc"):
                     vs = T.axis.reduce(steps(TO, Off, vt, vb, NB, NNZ, R), s)
@@ -230,28 +232,43 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                     A[vd] = combine(A[vd], G[vu, vd])
 
     @T.macro
-    def bags(W, TO, I, Off, O, Flag, NB, NNZ, R):
+    def bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R):
         for t, b in T.grid(NT, NB):
             with T.sblock("bag"):
                 vt = T.axis.spatial(NT, t)
                 vb = T.axis.spatial(NB, b)
-                T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:D])
+                T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
                 T.writes(O[vb, vt * D:vt * D + D])  # and the flag (a benign race: not a region the schedule orders)
                 if gpu:
                     check_bag(TO, Off, Flag, vt, vb, NB, NNZ, R)
                 if direct:
-                    pool(W, TO, I, Off, O, O, Flag, vt, vb, NB, NNZ, R)  # A unused: O stands in to type-check
+                    pool(W, S, TO, I, Off, O, O, Flag, vt, vb, NB, NNZ, R)  # A unused: O stands in to type-check
                 else:
                     A = T.sblock_alloc_buffer((D,), "float32", scope="local" if gpu else SCRATCH_SCOPE)
                     if gpu:
                         G = T.sblock_alloc_buffer((U, D), "float32", scope="local")
-                        pool_staged(W, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R)
+                        pool_staged(W, S, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R)
                     else:
-                        pool(W, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R)
+                        pool(W, S, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R)
                     for d2 in range(D):
                         with T.sblock("finalize"):
                             vd2 = T.axis.spatial(D, d2)
                             O[vb, vt * D + vd2] = finish(A[vd2], count(TO, Off, vt, vb, NB, NNZ, R))
+
+    @T.macro
+    def kernel(W, S, TO, I, Off, O, Flag, NB, NNZ, R):
+        if gpu:
+            bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R)
+        else:
+            check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
+            check_boundaries(Off, Flag, NT * NB + 1, NNZ, OFFSETS_ERROR)
+            if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
+                bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R)
+            else:  # flagged: zeros, not whatever the output's memory held
+                for b, d in T.grid(NB, NT * D):
+                    with T.sblock("zero"):
+                        vb, vd = T.axis.remap("SS", [b, d])
+                        O[vb, vd] = T.float32(0)
 
     @T.prim_func(s_tir=True)
     def main(w_: T.handle, toff: T.handle, ind: T.handle, off: T.handle, out: T.handle, flag: T.handle):
@@ -259,23 +276,16 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
         R = T.int64()
         NNZ = T.int64()
         NB = T.int64()
-        W = T.match_buffer(w_, (R, D), "float32")
+        W = T.match_buffer(w_, (R, WD), fmt.storage)
         TO = T.match_buffer(toff, (NT + 1,), "int64", align=8)
         I = T.match_buffer(ind, (NNZ,), idt, align=ialign)
         O = T.match_buffer(out, (NB, NT * D), "float32")
         Off = T.match_buffer(off, (NT * NB + 1,), idt, align=ialign)
         Flag = T.match_buffer(flag, (1,), "int32")
-        if gpu:
-            bags(W, TO, I, Off, O, Flag, NB, NNZ, R)
+        if fmt.fused:
+            S = fmt.scales(W)
+            kernel(W, S, TO, I, Off, O, Flag, NB, NNZ, R)
         else:
-            check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
-            check_boundaries(Off, Flag, NT * NB + 1, NNZ, OFFSETS_ERROR)
-            if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
-                bags(W, TO, I, Off, O, Flag, NB, NNZ, R)
-            else:  # flagged: zeros, not whatever the output's memory held
-                for b, d in T.grid(NB, NT * D):
-                    with T.sblock("zero"):
-                        vb, vd = T.axis.remap("SS", [b, d])
-                        O[vb, vd] = T.float32(0)
+            kernel(W, W, TO, I, Off, O, Flag, NB, NNZ, R)  # S unused: the table stands in
 
     return tvm.IRModule({"main": main})

@@ -12,8 +12,9 @@ import numpy as np
 
 from ..embedding_bag.workload import (bag_offsets, boundaries, check_index_tensors, check_monotone, check_table,
                                       check_tensors, error_flag, first_out_of_range, flag_error, flagged, gathered,
-                                      forget_hot_rows, needs, normalise_bag_fields, pack, parse_pooling, row_indices,
-                                      timed_set_count, tolerance)
+                                      forget_hot_rows, needs, normalise_bag_fields, pack, parse_pooling,
+                                      pool_dequantized, row_indices, table, timed_set_count, tolerance)
+from ..embedding_bag.rows import RowFormat, dequantize
 from ..template import IndexOutOfRange, InvalidDtype, Traffic, Workload as _Workload, WorkloadError
 
 __all__ = ["Workload", "after_call", "baselines", "check_data", "check_inputs", "inputs", "kernel_args", "pack",
@@ -44,7 +45,7 @@ class Workload(_Workload):
     be left out: `rows=50+7+300`); `tables=26,rows=100000` is 26 tables of 100k rows. `pooling` is the
     (min, max) number of indices per bag (`pooling=20-80`), the same for every table; `distribution` is
     "uniform" or "zipf" (`dist=zipf:1.05`: row popularity ~ 1/rank**zipf_exponent within each table, hot rows
-    scattered).
+    scattered). `dtype` is how the tables store their rows, as embedding_bag's (rows.py).
     """
 
     rows: tuple[int, ...]
@@ -56,8 +57,14 @@ class Workload(_Workload):
     index_dtype: str = "int64"
     distribution: str = "uniform"
     zipf_exponent: float = 1.05
+    dtype: str = "float32"
 
     SHAPE_ALIASES = {"index": "index_dtype", "dist": "distribution"}
+    KEY_DEFAULTS = {"dtype": "float32"}
+
+    @property
+    def rows_format(self) -> RowFormat:
+        return RowFormat(self.dtype, self.dim)
 
     @classmethod
     def parse_rows(cls, raw: str) -> tuple[int, ...]:
@@ -103,14 +110,15 @@ class Workload(_Workload):
                 "pooling.0": float(self.pooling[0]), "pooling.1": float(self.pooling[1]),
                 "log2_total_rows": float(np.log2(rows.sum())), "log2_max_rows": float(np.log2(rows.max())),
                 "log2_mean_rows": float(np.log2(rows.mean())), "zipf_exponent": float(
-                    self.zipf_exponent if self.distribution == "zipf" else 0.0)}
+                    self.zipf_exponent if self.distribution == "zipf" else 0.0),
+                "row_bytes": float(self.rows_format.row_bytes)}
 
 
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
     """(weight, table_offsets, indices, offsets) as torch CPU tensors, in FBGEMM's TBE layout."""
     import torch
 
-    weight = torch.randn(w.total_rows, w.dim, generator=torch.Generator().manual_seed(seed))
+    weight = table(w.total_rows, w.dim, w.dtype, seed)
     ((indices, offsets),) = _batches(w, seed, np.random.default_rng(seed), 1)
     return weight, torch.from_numpy(boundaries(w.rows)), indices, offsets
 
@@ -164,11 +172,11 @@ def _batch_of(w: Workload, offsets: Any) -> int:
 
 
 def reference(w: Workload, weight: Any, table_offsets: Any, indices: Any, offsets: Any) -> Any:
-    """PyTorch, one `embedding_bag` per table on its slice of the concatenated weight, then `cat(dim=1)`."""
+    """PyTorch, one `embedding_bag` per table on its slice of the concatenated weight (its float32 values: rows.py),
+    then `cat(dim=1)`."""
     import torch
-    import torch.nn.functional as F
 
-    outs = [F.embedding_bag(idx, weight[r0:r1], off, mode=w.mode, include_last_offset=True)
+    outs = [pool_dequantized(w.dtype, weight[r0:r1], idx, off, mode=w.mode, include_last_offset=True)
             for r0, r1, idx, off in _per_table(table_offsets, indices, offsets, _batch_of(w, offsets))]
     return torch.cat(outs, dim=1)
 
@@ -179,10 +187,13 @@ def baselines(w: Workload, weight: Any, table_offsets: Any, indices: Any, offset
     `torch_per_table`: T `embedding_bag` calls (T launches) and a cat, as DLRM's reference model does.
     `torch_one_bag`: one `embedding_bag` over the concatenated weight with global row indices (one launch),
     then the (T, B, D) -> (B, T*D) transpose the output layout needs.
+    Both pool float32 tables: reduced-precision tables are dequantized once, here (PyTorch's fp32 model is what
+    a reduced-precision table is measured against).
     """
     import torch
     import torch.nn.functional as F
 
+    weight = dequantize(weight, w.dtype)
     batch = _batch_of(w, offsets)
     tables = _per_table(table_offsets, indices, offsets, batch)
     slices = [(weight[r0:r1], idx, off) for r0, r1, idx, off in tables]
@@ -211,7 +222,7 @@ def check_inputs(w: Workload, weight: Any, table_offsets: Any, indices: Any, off
     import torch
 
     check_tensors(_need, {"weight": weight, "table_offsets": table_offsets, "indices": indices, "offsets": offsets})
-    check_table(_need, weight, w.dim, "sum of table rows")
+    check_table(_need, weight, w.rows_format, "sum of table rows")
     _need(table_offsets.dtype == torch.int64, f"table_offsets must be int64, got {table_offsets.dtype}", InvalidDtype)
     _need(table_offsets.shape == (w.tables + 1,),
           f"table_offsets must have tables + 1 = {w.tables + 1} entries, got {tuple(table_offsets.shape)}")
@@ -270,4 +281,4 @@ def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
 
 
 def traffic(w: Workload, weight: Any, table_offsets: Any, indices: Any, offsets: Any) -> Traffic:
-    return gathered(int(offsets[-1]), w.dim)
+    return gathered(int(offsets[-1]), w.dim, w.rows_format.row_bytes)

@@ -12,7 +12,8 @@ import math
 from typing import Any
 
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
-from .kernel import LINE_FLOATS, boundaries_checker, flag_where, in_range, prefetcher, signature
+from .kernel import boundaries_checker, flag_where, in_range, prefetcher, signature
+from .rows import RowFormat
 from .workload import INDEX_ERROR, OFFSETS_ERROR, Workload
 
 # ---- knobs (THREADING to PREFETCH_LINES and ACCUMULATOR: shared with the table-batched kernel) ----------
@@ -60,9 +61,9 @@ def vectors(dim: int) -> Choice:
     return VECTOR.only(v for v in VECTOR.options if dim % v == 0)
 
 
-def prefetch_lines(dim: int) -> Choice:
-    """PREFETCH_LINES' counts that fit in a row of `dim` floats."""
-    return PREFETCH_LINES.only(n for n in PREFETCH_LINES.options if n == 1 or n * LINE_FLOATS <= dim)
+def prefetch_lines(fmt: RowFormat) -> Choice:
+    """PREFETCH_LINES' counts that fit in a row."""
+    return PREFETCH_LINES.only(n for n in PREFETCH_LINES.options if n == 1 or n * fmt.line_elements <= fmt.width)
 
 
 def check_llvm(name: str, target: Any) -> None:
@@ -77,7 +78,7 @@ def space(w: Workload, target: Any) -> Space:
     tiles = [t for t in DIM_TILES.options if any((w.dim // v) % t == 0 for v in vector.options)]
     return Space(
         [THREADING, BAGS_PER_TASK, vector, DIM_TILES.only(tiles), LOOP_ORDER, UNROLL,
-         PREFETCH, prefetch_lines(w.dim), ACCUMULATOR],
+         PREFETCH, prefetch_lines(w.rows_format), ACCUMULATOR],
         [
             Constraint("dim_tiles must divide dim / vector",
                        lambda c: (w.dim // c[VECTOR]) % c[DIM_TILES] == 0),
@@ -135,7 +136,9 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
     needs_count = mode in ("mean", "max")
     ilo = w.include_last_offset
     identity = -math.inf if mode == "max" else 0.0
-    prefetch_row = prefetcher(prefetch_lines)
+    fmt = w.rows_format
+    WD = fmt.width
+    prefetch_row = prefetcher(prefetch_lines, fmt)
     flag_if = flag_where()
     check_boundaries = boundaries_checker()
     i64 = "int64"
@@ -157,16 +160,17 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
         ok = in_range(row, W.shape[0])
         return T.And(ok, row != pad) if has_pad else ok
 
-    def value(W: Any, I: Any, Off: Any, PSW: Any, vb: Any, vl: Any, vd: Any) -> Any:
+    def value(W: Any, S: Any, I: Any, Off: Any, PSW: Any, vb: Any, vl: Any, vd: Any) -> Any:
         row = row_of(I, Off, vb, vl)
-        return W[row, vd] * PSW[T.Cast(i64, Off[vb]) + vl] if weighted else W[row, vd]
+        x = fmt.load(W, S, row, vd)
+        return x * PSW[T.Cast(i64, Off[vb]) + vl] if weighted else x
 
-    def guarded(W: Any, I: Any, Off: Any, PSW: Any, vb: Any, vl: Any, vd: Any) -> Any:
+    def guarded(W: Any, S: Any, I: Any, Off: Any, PSW: Any, vb: Any, vl: Any, vd: Any) -> Any:
         # a guarded load: a row out of the table is never read
         if check == "branch":  # the branch around the row guards it
-            return value(W, I, Off, PSW, vb, vl, vd) if not has_pad else T.if_then_else(
-                row_of(I, Off, vb, vl) == pad, T.float32(identity), value(W, I, Off, PSW, vb, vl, vd))
-        return T.if_then_else(take(W, row_of(I, Off, vb, vl)), value(W, I, Off, PSW, vb, vl, vd), T.float32(identity))
+            return value(W, S, I, Off, PSW, vb, vl, vd) if not has_pad else T.if_then_else(
+                row_of(I, Off, vb, vl) == pad, T.float32(identity), value(W, S, I, Off, PSW, vb, vl, vd))
+        return T.if_then_else(take(W, row_of(I, Off, vb, vl)), value(W, S, I, Off, PSW, vb, vl, vd), T.float32(identity))
 
     def combine(acc: Any, value: Any) -> Any:
         return T.max(acc, value) if mode == "max" else acc + value
@@ -179,61 +183,61 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
         flag_if(Flag, not in_range(row_of(I, Off, vb, l), W.shape[0]), INDEX_ERROR)
 
     def rows_in(name: str) -> Any:
-        """A macro `pool_row(W, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ)`: row l of the bag (l < its length), its
+        """A macro `pool_row(W, S, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ)`: row l of the bag (l < its length), its
         prefetch, check and add in block `name`, of tile t (tiles_outer) or all tiles (one macro per name:
         TVMScript renames a block where its macro is expanded again, whatever name it is given)."""
 
         @T.macro
-        def add_row(W, I, Off, PSW, A, vb, l, t, NB, NNZ):
+        def add_row(W, S, I, Off, PSW, A, vb, l, t, NB, NNZ):
             for dt in range(1 if tiles_outer else tiles):
                 for dm in T.unroll(M):
                     for dv in lanes(vector):
                         with T.sblock(name):
                             vl = T.axis.reduce(length(Off, vb, NB, NNZ), l)
                             vd = T.axis.spatial(D, ((t + dt) * M + dm) * vector + dv)
-                            A[vb, vd] = combine(A[vb, vd], guarded(W, I, Off, PSW, vb, vl, vd))
+                            A[vb, vd] = combine(A[vb, vd], guarded(W, S, I, Off, PSW, vb, vl, vd))
 
         @T.macro
-        def pool_row(W, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ):
+        def pool_row(W, S, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ):
             if prefetch > 0:
                 # clamped, not guarded: no branch in the loop; the tail re-prefetches the last row (a row out of
                 # the table is prefetched harmlessly: a hint, not an access)
                 prefetch_row(W, T.Cast(i64, I[T.min(T.Cast(i64, Off[vb]) + l + prefetch, NNZ - 1)]))
             if check == "branch":
                 if in_range(row_of(I, Off, vb, l), W.shape[0]):
-                    add_row(W, I, Off, PSW, A, vb, l, t, NB, NNZ)
+                    add_row(W, S, I, Off, PSW, A, vb, l, t, NB, NNZ)
                 else:
                     flag_if(Flag, True, INDEX_ERROR)
             else:
                 if check == "load":
                     check_row(W, I, Off, Flag, vb, l)
-                add_row(W, I, Off, PSW, A, vb, l, t, NB, NNZ)
+                add_row(W, S, I, Off, PSW, A, vb, l, t, NB, NNZ)
 
         return pool_row
 
     group_row, tail_row = rows_in("acc"), rows_in("acc_tail")
 
     @T.macro
-    def rows(W, I, Off, PSW, A, Flag, vb, t, NB, NNZ):
+    def rows(W, S, I, Off, PSW, A, Flag, vb, t, NB, NNZ):
         if U == 1:
             for l in range(length(Off, vb, NB, NNZ)):
-                group_row(W, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ)
+                group_row(W, S, I, Off, PSW, A, Flag, vb, l, t, NB, NNZ)
         else:
             for g in range(length(Off, vb, NB, NNZ) // U):
                 for u in T.unroll(T.int64(U)):
-                    group_row(W, I, Off, PSW, A, Flag, vb, g * U + u, t, NB, NNZ)
+                    group_row(W, S, I, Off, PSW, A, Flag, vb, g * U + u, t, NB, NNZ)
             for r in range(length(Off, vb, NB, NNZ) % U):
-                tail_row(W, I, Off, PSW, A, Flag, vb, length(Off, vb, NB, NNZ) // U * U + r, t, NB, NNZ)
+                tail_row(W, S, I, Off, PSW, A, Flag, vb, length(Off, vb, NB, NNZ) // U * U + r, t, NB, NNZ)
 
     @T.macro
-    def pool(W, I, Off, PSW, A, Flag, vb, NB, NNZ):
+    def pool(W, S, I, Off, PSW, A, Flag, vb, NB, NNZ):
         """Reduce the bag's rows into A[vb, :] (the output, or a local buffer), in one block: its only writer
         seen from the bag (sch.parallel refuses a bag whose blocks write the output several times)."""
         with T.sblock("pool"):
             if weighted:
-                T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D], PSW[0:NNZ])
+                T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:WD], PSW[0:NNZ])
             else:
-                T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D])
+                T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:WD])
             T.writes(A[vb, 0:D])
             for d0 in range(D):
                 with T.sblock("acc_init"):
@@ -244,25 +248,25 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
                     check_row(W, I, Off, Flag, vb, l0)
             if tiles_outer:
                 for t in range(tiles):
-                    rows(W, I, Off, PSW, A, Flag, vb, t, NB, NNZ)
+                    rows(W, S, I, Off, PSW, A, Flag, vb, t, NB, NNZ)
             else:
-                rows(W, I, Off, PSW, A, Flag, vb, 0, NB, NNZ)
+                rows(W, S, I, Off, PSW, A, Flag, vb, 0, NB, NNZ)
 
     @T.macro
-    def body(W, I, Off, PSW, O, Flag, NB, NNZ):
+    def body(W, S, I, Off, PSW, O, Flag, NB, NNZ):
         check_boundaries(Off, Flag, NB + (1 if ilo else 0), NNZ, OFFSETS_ERROR)
         if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR)) == T.int32(0):  # every bag lies within the indices
             for b in range(NB):
                 with T.sblock("bag"):
                     vb = T.axis.spatial(NB, b)
                     if weighted:
-                        T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D], PSW[0:NNZ])
+                        T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:WD], PSW[0:NNZ])
                     else:
-                        T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D])
+                        T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:WD])
                     T.writes(O[vb, 0:D])  # and the flag (a benign race: not a region the schedule orders)
                     if needs_count or local:
                         A = T.sblock_alloc_buffer((NB, D), "float32", scope=SCRATCH_SCOPE)
-                        pool(W, I, Off, PSW, A, Flag, vb, NB, NNZ)
+                        pool(W, S, I, Off, PSW, A, Flag, vb, NB, NNZ)
                         if needs_count:
                             cnt = T.sblock_alloc_buffer((1,), "float32", scope=SCRATCH_SCOPE)
                             with T.sblock("count"):
@@ -283,7 +287,7 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, check: str 
                                 else:
                                     O[vb, vd2] = A[vb, vd2]
                     else:
-                        pool(W, I, Off, PSW, O, Flag, vb, NB, NNZ)
+                        pool(W, S, I, Off, PSW, O, Flag, vb, NB, NNZ)
         else:  # flagged: zeros, not whatever the output's memory held
             for b, d in T.grid(NB, D):
                 with T.sblock("zero"):

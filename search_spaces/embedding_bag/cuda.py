@@ -14,6 +14,7 @@ from typing import Any
 
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
 from .kernel import bag_length, bag_ok, flag_where, in_range, signature
+from .rows import RowFormat
 from .workload import INDEX_ERROR, OFFSETS_ERROR, Workload
 
 # ---- knobs (GPU_VECTOR, THREADS, GPU_UNROLL: shared with the table-batched kernel) ---------------------
@@ -47,9 +48,9 @@ def check_cuda(name: str, target: Any) -> None:
         raise InvalidConfig(f"{name} has no GPU schedule for target kind {target.kind.name!r}")
 
 
-def gpu_vectors(dim: int) -> list[int]:
-    """GPU_VECTOR's widths that divide the dimension."""
-    return [v for v in GPU_VECTOR.options if dim % v == 0]
+def gpu_vectors(fmt: RowFormat) -> list[int]:
+    """GPU_VECTOR's widths that divide the dimension and stay aligned in every row (rows.py)."""
+    return [v for v in GPU_VECTOR.options if fmt.aligned_vector(v)]
 
 
 def block_sizes(threads: Choice, target: Any) -> Choice:
@@ -66,7 +67,7 @@ def space(w: Workload, target: Any) -> Space:
     """The CUDA space: vector width and threads per bag along the dimension, block size, unroll, indices."""
     check_cuda("embedding_bag", target)
     max_threads = int(target.attrs["max_threads_per_block"])
-    vectors = gpu_vectors(w.dim)
+    vectors = gpu_vectors(w.rows_format)
     lanes = [t for t in DIM_THREADS.options if t <= max_threads and any((w.dim // v) % t == 0 for v in vectors)]
     return Space(
         [GPU_VECTOR.only(vectors), DIM_THREADS.only(lanes), block_sizes(THREADS, target), GPU_UNROLL,
@@ -103,6 +104,8 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
     from tvm.script import tirx as T
 
     D, idt, mode = w.dim, w.index_dtype, w.mode
+    fmt = w.rows_format
+    WD = fmt.width
     G, U = dim_threads, unroll
     P = max(U, shuffle)  # rows per chunk: whole unrolled steps and, with shuffles, whole sets of lanes
     K = D // (G * vec)
@@ -165,14 +168,14 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
         return acc
 
     @T.macro
-    def body(W, I, Off, PSW, O, Flag, NB, NNZ):
+    def body(W, S, I, Off, PSW, O, Flag, NB, NNZ):
         for b, t in T.grid(NB, G):
             with T.sblock("bag"):
                 vb, vt = T.axis.remap("SS", [b, t])
                 if weighted:
-                    T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D], PSW[0:NNZ])
+                    T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:WD], PSW[0:NNZ])
                 else:
-                    T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:D])
+                    T.reads(Off[vb:vb + 2], I[0:NNZ], W[0:W.shape[0], 0:WD])
                 T.writes(O[vb, 0:D])
                 acc = T.sblock_alloc_buffer((K, vec), "float32", scope="local")
                 row = T.sblock_alloc_buffer((U,), i64, scope="local")
@@ -236,7 +239,7 @@ def compute(w: Workload, vec: int, dim_threads: int, unroll: int, shuffle: int =
                                     # unconditional: rows past the bag's end, or out of the table, read row 0 and
                                     # are not added
                                     vji, vk, vv = T.axis.remap("SSS", [ji, k, v])
-                                    val[vji, vk, vv] = W[T.max(row[vji], T.int64(0)), (vk * G + vt) * vec + vv]
+                                    val[vji, vk, vv] = fmt.load(W, S, T.max(row[vji], T.int64(0)), (vk * G + vt) * vec + vv)
                             for ji, k, v in T.grid(U, K, vec):
                                 with T.sblock("acc"):
                                     vc = T.axis.reduce(T.floordiv(n + T.int64(P - 1), T.int64(P)), c)

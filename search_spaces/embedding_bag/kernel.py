@@ -16,18 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from .rows import RowFormat
 from .workload import Workload
 
-LINE_FLOATS = 16  # fp32 values in a 64-byte cache line: the CPU kernels' prefetch step
-
-
 def signature(w: Workload, body: Any) -> Any:
-    """The kernel's signature around a `body(W, I, Off, PSW, O, Flag, NB, NNZ)` macro: rows, indices and batch
-    are symbolic; per-sample weights are an argument only when the workload has them; the error flag is last."""
+    """The kernel's signature around a `body(W, S, I, Off, PSW, O, Flag, NB, NNZ)` macro: rows, indices and batch
+    are symbolic; the table W holds rows in the workload's format (rows.py; S: the float32 view of an int8
+    table's scales and biases, W itself otherwise); per-sample weights are an argument only when the workload
+    has them; the error flag is last."""
     import tvm
     from tvm.script import tirx as T
 
     D, idt = w.dim, w.index_dtype
+    fmt = w.rows_format
+    WD, storage = fmt.width, fmt.storage
     extra = 1 if w.include_last_offset else 0
     ialign = index_alignment(idt)
     if w.per_sample_weights:
@@ -37,13 +39,17 @@ def signature(w: Workload, body: Any) -> Any:
             R = T.int64()
             NNZ = T.int64()
             NB = T.int64()
-            W = T.match_buffer(w_, (R, D), "float32")
+            W = T.match_buffer(w_, (R, WD), storage)
             I = T.match_buffer(ind, (NNZ,), idt, align=ialign)
             Off = T.match_buffer(off, (NB + extra,), idt, align=ialign)
             PSW = T.match_buffer(psw, (NNZ,), "float32")
             O = T.match_buffer(out, (NB, D), "float32")
             Flag = T.match_buffer(flag, (1,), "int32")
-            body(W, I, Off, PSW, O, Flag, NB, NNZ)
+            if fmt.fused:
+                S = fmt.scales(W)
+                body(W, S, I, Off, PSW, O, Flag, NB, NNZ)
+            else:
+                body(W, W, I, Off, PSW, O, Flag, NB, NNZ)
     else:
         @T.prim_func(s_tir=True)
         def main(w_: T.handle, ind: T.handle, off: T.handle, out: T.handle, flag: T.handle):
@@ -51,12 +57,17 @@ def signature(w: Workload, body: Any) -> Any:
             R = T.int64()
             NNZ = T.int64()
             NB = T.int64()
-            W = T.match_buffer(w_, (R, D), "float32")
+            W = T.match_buffer(w_, (R, WD), storage)
             I = T.match_buffer(ind, (NNZ,), idt, align=ialign)
             Off = T.match_buffer(off, (NB + extra,), idt, align=ialign)
             O = T.match_buffer(out, (NB, D), "float32")
             Flag = T.match_buffer(flag, (1,), "int32")
-            body(W, I, Off, W, O, Flag, NB, NNZ)  # PSW unused: the table stands in so the macro type-checks
+            # PSW unused: the table stands in so the macro type-checks
+            if fmt.fused:
+                S = fmt.scales(W)
+                body(W, S, I, Off, W, O, Flag, NB, NNZ)
+            else:
+                body(W, W, I, Off, W, O, Flag, NB, NNZ)
 
     return tvm.IRModule({"main": main})
 
@@ -133,11 +144,13 @@ def boundaries_checker() -> Any:
     return check_boundaries
 
 
-def prefetcher(lines: int) -> Any:
+def prefetcher(lines: int, fmt: RowFormat) -> Any:
     """A TVMScript macro `prefetch_row(W, row)`: LLVM's prefetch of the first `lines` 64-byte cache lines of
-    row `row` of W, in an opaque block that reads and writes nothing (a hint, not an access: a row out of
-    range is prefetched harmlessly)."""
+    row `row` of W (rows of `fmt`), in an opaque block that reads and writes nothing (a hint, not an access: a
+    row out of range is prefetched harmlessly)."""
     from tvm.script import tirx as T
+
+    step = fmt.line_elements
 
     @T.macro
     def prefetch_row(W, row):
@@ -145,7 +158,7 @@ def prefetcher(lines: int) -> Any:
             T.reads()
             T.writes()
             for c in T.unroll(lines):
-                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(W[row, c * LINE_FLOATS]),
+                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(W[row, c * step]),
                                               0, 3, 1))
 
     return prefetch_row

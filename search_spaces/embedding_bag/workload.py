@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..template import IndexOutOfRange, InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+from .rows import RowFormat, check_dtype, dequantize, quantize, table_dtype
 
 MODES = ("sum", "mean", "max")
 # the bits of a kernel's error flag (its last argument: 1 int32, zero on entry): what it met, for after_call
@@ -38,8 +39,8 @@ def parse_pooling(raw: str) -> tuple[int, int]:
 
 def normalise_bag_fields(w: Any, positive: Iterable[str]) -> None:
     """Validate (WorkloadError) and normalise, in place, the fields of a frozen embedding-bag workload:
-    `positive` sizes >= 1, `pooling` (an int -> (n, n)), `mode`, `index_dtype` and `distribution`
-    (`zipf:1.05` -> "zipf" with that exponent)."""
+    `positive` sizes >= 1, `pooling` (an int -> (n, n)), `mode`, `index_dtype`, the tables' `dtype` and
+    `distribution` (`zipf:1.05` -> "zipf" with that exponent)."""
     if w.distribution.startswith("zipf:"):
         try:
             exponent = float(w.distribution.split(":", 1)[1])
@@ -63,6 +64,9 @@ def normalise_bag_fields(w: Any, positive: Iterable[str]) -> None:
         raise WorkloadError(f"mode must be one of {MODES}, got {w.mode!r}")
     if w.index_dtype not in INDEX_DTYPES:
         raise WorkloadError(f"index dtype must be one of {INDEX_DTYPES}, got {w.index_dtype!r}")
+    why = check_dtype(w.dtype, w.dim)
+    if why:
+        raise WorkloadError(why)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ class Workload(_Workload):
 
     `pooling` is the (min, max) number of indices per bag; bag sizes are drawn uniformly in that range.
     `distribution` is "uniform" or "zipf" (row popularity ~ 1/rank**zipf_exponent, hot rows scattered),
-    because real recommendation traffic is skewed and cache behaviour depends on it.
+    because real recommendation traffic is skewed and cache behaviour depends on it. `dtype` is how the table
+    stores its rows (rows.py: float32, float16, bfloat16, or int8 in FBGEMM's fused row-wise layout).
     """
 
     rows: int
@@ -85,8 +90,17 @@ class Workload(_Workload):
     include_last_offset: bool = False
     distribution: str = "uniform"
     zipf_exponent: float = 1.05
+    dtype: str = "float32"
 
     SHAPE_ALIASES = {"index": "index_dtype", "weighted": "per_sample_weights", "dist": "distribution"}
+    KEY_DEFAULTS = {"dtype": "float32"}
+
+    @property
+    def rows_format(self) -> RowFormat:
+        return RowFormat(self.dtype, self.dim)
+
+    def numeric_features(self) -> dict[str, float]:
+        return {**super().numeric_features(), "row_bytes": float(self.rows_format.row_bytes)}
 
     @classmethod
     def parse_pooling(cls, raw: str) -> tuple[int, int]:
@@ -101,7 +115,7 @@ class Workload(_Workload):
             if not 0 <= pad < self.rows:
                 raise WorkloadError(f"padding_idx {self.padding_idx} is out of range for {self.rows} rows")
             object.__setattr__(self, "padding_idx", pad)
-        if self.index_dtype == "int32" and self.rows * self.dim >= 2**31:
+        if self.index_dtype == "int32" and self.rows * self.rows_format.width >= 2**31:
             raise WorkloadError("int32 indices address at most 2**31 table elements")
 
 
@@ -152,11 +166,16 @@ def boundaries(counts: Any) -> np.ndarray:
     return out
 
 
-def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
-    """(weight, indices, offsets[, per_sample_weights]) as torch CPU tensors, in the reference's order."""
+def table(rows: int, dim: int, dtype: str, seed: int) -> Any:
+    """A random (rows, dim) table of standard normal values in `dtype`'s storage (rows.py)."""
     import torch
 
-    weight = torch.randn(w.rows, w.dim, generator=torch.Generator().manual_seed(seed))
+    return quantize(torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)), dtype)
+
+
+def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
+    """(weight, indices, offsets[, per_sample_weights]) as torch CPU tensors, in the reference's order."""
+    weight = table(w.rows, w.dim, w.dtype, seed)
     out = (weight, *_bags(w, seed, np.random.default_rng(seed)))
     forget_hot_rows()
     return out
@@ -208,26 +227,54 @@ def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: 
 
 # ---- semantics ----------------------------------------------------------------------------------------
 def reference(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> Any:
+    """F.embedding_bag of the table's float32 values (rows.py: a reduced-precision table dequantized)."""
+    return pool_dequantized(w.dtype, weight, indices, offsets, per_sample_weights, mode=w.mode,
+                            include_last_offset=w.include_last_offset, padding_idx=w.padding_idx)
+
+
+def pool_dequantized(dtype: str, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None,
+                     **options: Any) -> Any:
+    """F.embedding_bag (`options`: its keywords) over the float32 values of a `dtype` table, dequantizing only
+    the rows the indices name (a whole table would cost a copy of it per call). Indices must be in range."""
     import torch
 
-    return torch.nn.functional.embedding_bag(
-        indices, weight, offsets, mode=w.mode, per_sample_weights=per_sample_weights,
-        include_last_offset=w.include_last_offset, padding_idx=w.padding_idx)
+    F = torch.nn.functional
+    if dtype == "float32":
+        return F.embedding_bag(indices, weight, offsets, per_sample_weights=per_sample_weights, **options)
+    used, local = torch.unique(indices, return_inverse=True)
+    pad = options.pop("padding_idx", None)
+    if pad is not None:
+        pad = pad + weight.shape[0] if pad < 0 else pad
+        hit = (used == pad).nonzero()
+        pad = int(hit[0, 0]) if hit.numel() else None  # absent from the indices: nothing to exclude
+    values = dequantize(weight[used], dtype)
+    return F.embedding_bag(local.to(indices.dtype), values, offsets, per_sample_weights=per_sample_weights,
+                           padding_idx=pad, **options)
 
 
 def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None
               ) -> dict[str, Callable[[], Any]]:
-    """PyTorch's way: F.embedding_bag itself (one call, one launch, its own fused kernel)."""
-    return {"torch": lambda: reference(w, weight, indices, offsets, per_sample_weights)}
+    """PyTorch's way: F.embedding_bag itself (one call, one launch, its own fused kernel); for int8 rows also
+    PyTorch's own int8 embedding bag (FBGEMM's fused row-wise kernel), for sum and mean."""
+    import torch
+
+    calls = {"torch": lambda: reference(w, weight, indices, offsets, per_sample_weights)}
+    if w.dtype == "int8" and w.mode != "max" and w.padding_idx is None:
+        mode = 0 if w.mode == "sum" else 1
+        calls["torch int8"] = lambda: torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+            weight, indices, offsets, False, mode, False, per_sample_weights, None, w.include_last_offset)
+    return calls
 
 
-def gathered(nnz: int, dim: int) -> Traffic:
-    """Gathered bytes: every pooled index reads one fp32 table row (the figure FBGEMM and papers report)."""
-    return Traffic(bytes=float(nnz * dim * 4), ops=float(nnz * dim), unit="GB/s")
+def gathered(nnz: int, dim: int, row_bytes: int | None = None) -> Traffic:
+    """Gathered bytes: every pooled index reads one table row (`row_bytes`: fp32 unless given), the figure FBGEMM
+    and papers report; `dim` adds per pooled index."""
+    return Traffic(bytes=float(nnz * (dim * 4 if row_bytes is None else row_bytes)), ops=float(nnz * dim),
+                   unit="GB/s")
 
 
 def traffic(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> Traffic:
-    return gathered(int(offsets[-1]) if w.include_last_offset else indices.numel(), w.dim)
+    return gathered(int(offsets[-1]) if w.include_last_offset else indices.numel(), w.dim, w.rows_format.row_bytes)
 
 
 def tolerance(w: Any) -> tuple[float, float]:
@@ -258,13 +305,17 @@ def check_tensors(need: Need, tensors: Mapping[str, Any]) -> None:
          + ", ".join(f"{name} on {t.device}" for name, t in tensors.items()))
 
 
-def check_table(need: Need, weight: Any, dim: int, rows: str) -> None:
-    """A float32 (rows, dim) table; 16-byte aligned on a GPU, whose kernels read rows with vector loads (a
-    misaligned view would fault, and kill the context)."""
-    import torch
+def check_table(need: Need, weight: Any, fmt: RowFormat, rows: str) -> None:
+    """A (rows, width) table in the kernel's row format (rows.py); 16-byte aligned on a GPU, whose kernels read
+    rows with vector loads (a misaligned view would fault, and kill the context)."""
+    from .rows import torch_storage
 
-    need(weight.dtype == torch.float32, f"weight must be float32, got {weight.dtype}", InvalidDtype)
-    need(weight.dim() == 2 and weight.shape[1] == dim, f"weight must be ({rows}, {dim}), got {tuple(weight.shape)}")
+    held = table_dtype(weight)
+    need(weight.dtype == torch_storage(fmt.dtype), f"weight must hold {fmt.dtype} rows "
+         f"({torch_storage(fmt.dtype)}), got {weight.dtype}" + (f" ({held} rows)" if held else ""), InvalidDtype)
+    layout = " (FBGEMM's fused rows: dim int8 values, then a float32 scale and bias)" if fmt.fused else ""
+    need(weight.dim() == 2 and weight.shape[1] == fmt.width,
+         f"weight must be ({rows}, {fmt.width}){layout}, got {tuple(weight.shape)}")
     need(weight.device.type != "cuda" or weight.data_ptr() % 16 == 0,
          "weight must start 16-byte aligned on the GPU (vector loads); pass a fresh tensor or a .clone()")
 
@@ -306,7 +357,7 @@ def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sampl
     if per_sample_weights is not None:
         tensors["per_sample_weights"] = per_sample_weights
     check_tensors(_need, tensors)
-    check_table(_need, weight, w.dim, "rows")
+    check_table(_need, weight, w.rows_format, "rows")
     check_index_tensors(_need, w.index_dtype, indices, offsets)
     _need(offsets.numel() >= 1 + int(w.include_last_offset), "offsets is too short for one bag")
     if w.per_sample_weights:
