@@ -5,6 +5,7 @@ its tensors. Pooling, distribution, Zipf rows, ragged bags and the tensor checks
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -13,8 +14,10 @@ import numpy as np
 from ..embedding_bag.workload import (bag_offsets, boundaries, check_index_tensors, check_monotone, check_table,
                                       check_tensors, error_flag, first_out_of_range, flag_error, flagged, gathered,
                                       forget_hot_rows, needs, normalise_bag_fields, pack, parse_pooling,
-                                      pool_dequantized, row_indices, table, timed_set_count, tolerance)
-from ..embedding_bag.rows import RowFormat, dequantize
+                                      float32_table, pool_dequantized, row_indices, table, timed_set_count,
+                                      tolerance)
+from ..embedding_bag.fbgemm import tbe
+from ..embedding_bag.rows import RowFormat
 from ..template import IndexOutOfRange, InvalidDtype, Traffic, Workload as _Workload, WorkloadError
 
 __all__ = ["Workload", "after_call", "baselines", "check_data", "check_inputs", "inputs", "kernel_args", "pack",
@@ -187,13 +190,15 @@ def baselines(w: Workload, weight: Any, table_offsets: Any, indices: Any, offset
     `torch_per_table`: T `embedding_bag` calls (T launches) and a cat, as DLRM's reference model does.
     `torch_one_bag`: one `embedding_bag` over the concatenated weight with global row indices (one launch),
     then the (T, B, D) -> (B, T*D) transpose the output layout needs.
-    Both pool float32 tables: reduced-precision tables are dequantized once, here (PyTorch's fp32 model is what
-    a reduced-precision table is measured against).
+    Both pool float32 tables: reduced-precision tables are dequantized once (PyTorch's fp32 model is what a
+    reduced-precision table is measured against). `fbgemm_tbe_<dtype>`: FBGEMM's TBE at the tables' precision,
+    where fbgemm-gpu-cpu is installed (embedding_bag's fbgemm.py).
     """
     import torch
     import torch.nn.functional as F
 
-    weight = dequantize(weight, w.dtype)
+    quantized = weight
+    weight = float32_table(weight, w.dtype)
     batch = _batch_of(w, offsets)
     tables = _per_table(table_offsets, indices, offsets, batch)
     slices = [(weight[r0:r1], idx, off) for r0, r1, idx, off in tables]
@@ -210,7 +215,19 @@ def baselines(w: Workload, weight: Any, table_offsets: Any, indices: Any, offset
         pooled = F.embedding_bag(global_rows, weight, global_offsets, mode=w.mode, include_last_offset=True)
         return pooled.view(w.tables, batch, w.dim).transpose(0, 1).reshape(batch, w.tables * w.dim)
 
-    return {"torch_per_table": per_table, "torch_one_bag": one_bag}
+    calls = {"torch_per_table": per_table, "torch_one_bag": one_bag}
+    fbgemm_tbe = tbe(w.dtype, _tables(quantized, tuple(table_offsets.tolist())), w.mode)
+    if fbgemm_tbe is not None:
+        idx, ends = indices.int(), offsets.int()
+        calls[f"fbgemm_tbe_{w.dtype}"] = lambda: fbgemm_tbe(idx, ends)
+    return calls
+
+
+@functools.lru_cache(maxsize=1)
+def _tables(weight: Any, bounds: tuple[int, ...]) -> list[Any]:
+    """Each table's rows of the concatenated weight (views), the same objects for every batch of one weight (the
+    TBE peer is built once per tables)."""
+    return [weight[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 

@@ -43,7 +43,8 @@ PREFETCH = Choice("prefetch", (0, 4, 8, 16, 32), doc=(
     "it."))
 PREFETCH_LINES = Choice("prefetch_lines", (1, 2, 4, 8), doc=(
     "64-byte cache lines of the future row to prefetch: a whole row costs more prefetch slots, a partial "
-    "one relies on the hardware's adjacent-line prefetcher."))
+    "one relies on the hardware's adjacent-line prefetcher. Rows that are not a whole number of lines (int8 "
+    "rows carry 8 bytes of scale and bias) straddle one more line than their size says."))
 ACCUMULATOR = Choice("accumulator", ("output", "local"), doc=(
     "Accumulate into the output row directly, or into a local buffer written back once per bag "
     "(lets LLVM keep partial sums in registers when it cannot prove the output does not alias). "
@@ -62,8 +63,8 @@ def vectors(dim: int) -> Choice:
 
 
 def prefetch_lines(fmt: RowFormat) -> Choice:
-    """PREFETCH_LINES' counts that fit in a row."""
-    return PREFETCH_LINES.only(n for n in PREFETCH_LINES.options if n == 1 or n * fmt.line_elements <= fmt.width)
+    """PREFETCH_LINES' counts up to the cache lines a row can span (rows.py)."""
+    return PREFETCH_LINES.only(n for n in PREFETCH_LINES.options if n <= fmt.lines_touched)
 
 
 def check_llvm(name: str, target: Any) -> None:

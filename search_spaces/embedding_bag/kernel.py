@@ -146,11 +146,15 @@ def boundaries_checker() -> Any:
 
 def prefetcher(lines: int, fmt: RowFormat) -> Any:
     """A TVMScript macro `prefetch_row(W, row)`: LLVM's prefetch of the first `lines` 64-byte cache lines of
-    row `row` of W (rows of `fmt`), in an opaque block that reads and writes nothing (a hint, not an access: a
-    row out of range is prefetched harmlessly)."""
+    row `row` of W (rows of `fmt`: the last one at the row's last element where a row ends within it), in an
+    opaque block that reads and writes nothing (a hint, not an access: a row out of range is prefetched
+    harmlessly)."""
     from tvm.script import tirx as T
 
-    step = fmt.line_elements
+    step, last = fmt.line_elements, fmt.width - 1
+
+    def element(c: Any) -> Any:
+        return T.min(c * step, last) if (lines - 1) * step > last else c * step
 
     @T.macro
     def prefetch_row(W, row):
@@ -158,7 +162,7 @@ def prefetcher(lines: int, fmt: RowFormat) -> Any:
             T.reads()
             T.writes()
             for c in T.unroll(lines):
-                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(W[row, c * step]),
+                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(W[row, element(c)]),
                                               0, 3, 1))
 
     return prefetch_row

@@ -10,6 +10,8 @@ the dequantized table. No TVM at module level: a package of exported kernels run
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,12 @@ class RowFormat:
         """Storage elements in a 64-byte cache line (the prefetch step)."""
         return LINE_BYTES // self.item_bytes
 
+    @property
+    def lines_touched(self) -> int:
+        """The most 64-byte cache lines one row of a line-aligned table spans (72-byte int8 rows of dim 64: 2)."""
+        offset = LINE_BYTES - math.gcd(self.row_bytes, LINE_BYTES)  # the latest a row can start in its line
+        return -(-(offset + self.row_bytes) // LINE_BYTES)
+
     def aligned_vector(self, lanes: int) -> bool:
         """Whether `lanes` values of a row are one aligned vector access at every multiple of `lanes` in every
         row (GPU vector loads need it): they divide the dimension, and the row's bytes divide into them."""
@@ -100,9 +108,13 @@ def torch_storage(dtype: str) -> Any:
 
 
 def table_dtype(weight: Any) -> str | None:
-    """The row dtype a tensor holds, by its element type (uint8: fused int8 rows), or None."""
-    name = str(weight.dtype).rpartition(".")[2]
-    return next((d for d, s in _STORAGE.items() if s == name), None)
+    """The row dtype a tensor holds, by its element type (uint8: fused int8 rows), or None (e.g. float64)."""
+    return _torch_dtypes().get(weight.dtype)
+
+
+@functools.cache
+def _torch_dtypes() -> dict[Any, str]:
+    return {torch_storage(d): d for d in DTYPES}
 
 
 def quantize(weight: Any, dtype: str) -> Any:

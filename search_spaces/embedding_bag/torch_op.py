@@ -1,7 +1,10 @@
 """`torch.ops.autotune.embedding_bag` and `EmbeddingBag`: how the embedding bag appears in PyTorch.
 
 The op is F.embedding_bag with the weight first, as the kernels take it. Kernels are compiled for (dim, mode,
-index dtype, per_sample_weights, padding_idx, include_last_offset) and take any batch, bag sizes and table rows.
+index dtype, per_sample_weights, padding_idx, include_last_offset, table dtype) and take any batch, bag sizes and
+table rows. The weight may hold reduced-precision rows (rows.py): float16 or bfloat16, or uint8 rows in FBGEMM's
+fused row-wise int8 layout (dim values, then a float32 scale and bias); the output is float32 whatever the table
+(the pooling of its float32 values), and such tables are for inference (no gradient).
 Inputs are checked as PyTorch checks them (indices in range, well-formed offsets). On the CPU the kernels check
 the data themselves as they gather (an error flag raised after the call, always on: it is what keeps them inside
 their tensors), so `check` reads only metadata; on a GPU `check` reads the data before the call (waiting for it)
@@ -20,9 +23,10 @@ from torch import Tensor, nn
 
 from .._torch_checks import fits, need, same_device_contiguous
 from ..template import IndexOutOfRange, InvalidDtype, ModuleRule, Route, TorchBinding
-from .workload import MODES, Workload, boundaries, inputs, row_indices
+from .rows import DTYPES, FUSED_BYTES, quantize, table_dtype
+from .workload import MODES, Workload, boundaries, inputs, pool_dequantized, row_indices, table
 
-__all__ = ["BINDING", "EmbeddingBag", "check", "embedding_bag"]
+__all__ = ["BINDING", "EmbeddingBag", "QuantizedEmbeddingBag", "check", "embedding_bag"]
 
 OP = "embedding_bag"
 ATEN_MODES = {"sum": 0, "mean": 1, "max": 2}  # PyTorch's internal mode numbers (aten::_embedding_bag)
@@ -31,11 +35,12 @@ ATEN_MODES = {"sum": 0, "mean": 1, "max": 2}  # PyTorch's internal mode numbers 
 def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
                   mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
                   validate: bool = True) -> Tensor:
-    """F.embedding_bag(indices, weight, offsets, ...) with the weight first, as the kernels take it."""
+    """F.embedding_bag(indices, weight, offsets, ...) with the weight first, as the kernels take it; a
+    reduced-precision table (float16, bfloat16, or uint8 fused int8 rows) pools its float32 values."""
     if validate and mode == "max" and offsets.device.type == "cpu":
         _check_ordered(offsets)  # the one data check PyTorch's CPU max mode lacks (CUDA inputs: `check`)
-    return F.embedding_bag(indices, weight, offsets, mode=mode, per_sample_weights=per_sample_weights,
-                           include_last_offset=include_last_offset, padding_idx=padding_idx)
+    return pool_dequantized(table_dtype(weight) or "float32", weight, indices, offsets, per_sample_weights,
+                            mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx)
 
 
 def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
@@ -49,9 +54,9 @@ def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
     PyTorch lacks). CUDA inputs are also checked here, on the host, before the call: reading a GPU kernel's
     flag would wait for it (its kernels clamp what they read, so unchecked input stays inside the tensors)."""
     ws, ids, ofs = weight.shape, indices.shape, offsets.shape
-    if (len(ws) == 2 and len(ids) == 1 and len(ofs) == 1 and weight.is_floating_point() and indices.dtype in _INDEX
-            and offsets.dtype in _INDEX and mode in MODES and ofs[0] >= include_last_offset
-            and (per_sample_weights is None or (mode == "sum" and per_sample_weights.dtype is weight.dtype
+    if (len(ws) == 2 and len(ids) == 1 and len(ofs) == 1 and indices.dtype in _INDEX and offsets.dtype in _INDEX
+            and mode in MODES and ofs[0] >= include_last_offset and _table_ok(weight)
+            and (per_sample_weights is None or (mode == "sum" and per_sample_weights.dtype is _out_dtype(weight)
                                                 and per_sample_weights.shape == ids))
             and (padding_idx is None or -ws[0] <= padding_idx < ws[0])
             and fits(weight, indices, offsets, per_sample_weights)):
@@ -63,21 +68,49 @@ def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
 
 
 _INDEX = (torch.int32, torch.int64)
+_REDUCED = (torch.float16, torch.bfloat16, torch.uint8)  # rows.py's reduced-precision storage
+
+
+def _table_ok(weight: Tensor) -> bool:
+    """A float32 or float64 table (PyTorch's), or a reduced-precision one (rows.py) that no gradient is asked of,
+    uint8 rows wide enough for their scale and bias."""
+    if weight.dtype is torch.float32 or weight.dtype is torch.float64:
+        return True
+    return weight.dtype in _REDUCED and not weight.requires_grad and (
+        weight.dtype is not torch.uint8 or (weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0))
+
+
+def _out_dtype(weight: Tensor) -> torch.dtype:
+    """The output's (and per-sample weights') dtype: float32, float64 for a float64 table (PyTorch's way)."""
+    return torch.float64 if weight.dtype is torch.float64 else torch.float32
+
+
+def _dim(weight: Tensor) -> int:
+    """The embedding dimension of a table: its width, less the scale and bias of fused int8 rows."""
+    return weight.shape[1] - FUSED_BYTES if weight.dtype is torch.uint8 else weight.shape[1]
 
 
 def _explain(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor], mode: str,
              include_last_offset: bool, padding_idx: Optional[int]) -> None:
     need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
     need(weight.dim() == 2, OP, f"weight must be 2-D (rows, dim), got shape {tuple(weight.shape)}")
-    need(weight.is_floating_point(), OP, f"weight must be a floating-point tensor, got {weight.dtype}", InvalidDtype)
+    need(weight.dtype in (torch.float32, torch.float64) + _REDUCED, OP, "weight must be float32, float64, float16, "
+         f"bfloat16 or uint8 (FBGEMM's fused int8 rows), got {weight.dtype}", InvalidDtype)
+    if weight.dtype in _REDUCED:
+        need(not weight.requires_grad, OP, f"a {weight.dtype} table is for inference: it cannot take a gradient "
+             "(train in float32, then quantize)")
+    if weight.dtype is torch.uint8:
+        need(weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0, OP,
+             f"uint8 weight must hold FBGEMM's fused int8 rows (dim values, then a float32 scale and bias: "
+             f"dim + 8 bytes, dim % 4 == 0), got rows of {weight.shape[1]} bytes")
     for name, t in (("indices", indices), ("offsets", offsets)):
         need(t.dtype in _INDEX, OP, f"{name} must be int32 or int64, got {t.dtype}", InvalidDtype)
         need(t.dim() == 1, OP, f"{name} must be 1-D, got shape {tuple(t.shape)}")
     same_device_contiguous(OP, weight=weight, indices=indices, offsets=offsets, per_sample_weights=per_sample_weights)
     if per_sample_weights is not None:
         need(mode == "sum", OP, f"per_sample_weights is only supported with mode='sum', got mode={mode!r}")
-        need(per_sample_weights.dtype == weight.dtype, OP,
-             f"per_sample_weights must be {weight.dtype} like weight, got {per_sample_weights.dtype}", InvalidDtype)
+        need(per_sample_weights.dtype == _out_dtype(weight), OP, f"per_sample_weights must be "
+             f"{_out_dtype(weight)} for a {weight.dtype} weight, got {per_sample_weights.dtype}", InvalidDtype)
         need(per_sample_weights.shape == indices.shape, OP,
              f"per_sample_weights must have the shape of indices {tuple(indices.shape)}, "
              f"got {tuple(per_sample_weights.shape)}")
@@ -140,7 +173,7 @@ def _index_facts_device(indices: Tensor, offsets: Tensor) -> tuple[int, int, int
 def fake(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
          mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
          validate: bool = True) -> Tensor:
-    return weight.new_empty(offsets.shape[0] - int(include_last_offset), weight.shape[1])
+    return weight.new_empty(offsets.shape[0] - int(include_last_offset), _dim(weight), dtype=_out_dtype(weight))
 
 
 _INDEX_NAMES = {torch.int64: "int64", torch.int32: "int32"}
@@ -160,12 +193,12 @@ def route(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
     """Attributes read once each, cheapest first (`is_cpu`, not `device.type`): this runs on every call."""
     pad = padding_idx + weight.shape[0] if padding_idx is not None and padding_idx < 0 else padding_idx
     bags = offsets.numel() - include_last_offset
-    signature = (weight.shape[1], mode, _index_dtype(indices, offsets), per_sample_weights is not None, pad,
-                 include_last_offset)
+    signature = (_dim(weight), mode, _index_dtype(indices, offsets), per_sample_weights is not None, pad,
+                 include_last_offset, table_dtype(weight))
     if bags < 1 or not indices.numel():  # nothing to gather: not worth a kernel
         return Route(signature, 0)
-    if weight.dtype is not torch.float32:
-        return f"kernels take float32 tables, got {weight.dtype}"
+    if signature[-1] is None:
+        return f"kernels take float32, float16, bfloat16 or fused int8 tables, got {weight.dtype}"
     if weight.is_cpu:
         if weight.data_ptr() % 64:  # e.g. a row view of a larger tensor
             return "the CPU kernels need a 64-byte aligned table (TVM's buffers assume it for aligned vector loads)"
@@ -183,13 +216,13 @@ def run(chunks: Sequence[Any], weight: Tensor, indices: Tensor, offsets: Tensor,
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.dim, w.mode, w.index_dtype, w.per_sample_weights, w.padding_idx, w.include_last_offset)
+    return (w.dim, w.mode, w.index_dtype, w.per_sample_weights, w.padding_idx, w.include_last_offset, w.dtype)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    dim, mode, index, weighted, pad, last = signature
+    dim, mode, index, weighted, pad, last, dtype = signature
     return (f"dim={dim} mode={mode} index={index} per_sample_weights={weighted} padding_idx={pad} "
-            f"include_last_offset={last}")
+            f"include_last_offset={last} dtype={dtype}")
 
 
 # ---- the calls a kernel must serve (autotune check) ---------------------------------------------------------
@@ -213,7 +246,7 @@ def _bags(w: Workload, sizes: Sequence[int], seed: int, rows: int | None = None)
         indices[rng.random(len(indices)) < 0.1] = w.padding_idx
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, w.index_dtype)
-    out = [torch.randn(rows, w.dim, generator=gen), torch.from_numpy(indices).to(dtype),
+    out = [table(rows, w.dim, w.dtype, seed), torch.from_numpy(indices).to(dtype),
            torch.from_numpy(offsets if w.include_last_offset else offsets[:-1]).to(dtype)]
     if w.per_sample_weights:
         out.append(torch.rand(len(indices), generator=gen))
@@ -303,23 +336,81 @@ class EmbeddingBag(nn.EmbeddingBag):
         grads = torch.is_grad_enabled() and self.weight.requires_grad
         return self.max_norm is not None or (grads and (self.sparse or self.scale_grad_by_freq))
 
+    @classmethod
+    def quantized(cls, module: nn.EmbeddingBag, dtype: str) -> "QuantizedEmbeddingBag":
+        """An inference twin of `module` whose table is converted once to `dtype` rows (rows.py: "float16",
+        "bfloat16", or "int8", FBGEMM's fused row-wise rows): a quarter of the bytes per lookup for int8."""
+        return QuantizedEmbeddingBag.from_module(module, dtype)
+
     def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
                 per_sample_weights: Optional[Tensor] = None) -> Tensor:
-        if self._pytorch_path() or (input.dim() == 2) == (offsets is not None) or input.dim() not in (1, 2):
+        if self._pytorch_path() or not _bag_input(input, offsets):
             return super().forward(input, offsets, per_sample_weights)  # PyTorch's result, or its error
-        if input.dim() == 2:  # (bags, n): fixed-size bags, as nn.EmbeddingBag takes them
-            offsets = torch.arange(0, input.numel(), input.shape[1], dtype=input.dtype, device=input.device)
-            input = input.reshape(-1)
-            if per_sample_weights is not None:
-                per_sample_weights = per_sample_weights.reshape(-1)
-        assert offsets is not None
         return torch.ops.autotune.embedding_bag(
-            self.weight, input.contiguous(), offsets.contiguous(),
-            None if per_sample_weights is None else per_sample_weights.contiguous(), self.mode,
-            self.include_last_offset, self.padding_idx, self.validate)
+            self.weight, *_flat_bags(input, offsets, per_sample_weights), self.mode, self.include_last_offset,
+            self.padding_idx, self.validate)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", autotune"
+
+
+def _bag_input(input: Tensor, offsets: Optional[Tensor]) -> bool:
+    """nn.EmbeddingBag's two forms: 1-D indices with offsets, or (bags, n) fixed-size bags without."""
+    return input.dim() in (1, 2) and (input.dim() == 2) != (offsets is not None)
+
+
+def _flat_bags(input: Tensor, offsets: Optional[Tensor], per_sample_weights: Optional[Tensor]
+               ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """(indices, offsets, per_sample_weights) as the op takes them, contiguous (a copy only when they are not):
+    (bags, n) fixed-size bags become 1-D indices with offsets every n."""
+    if input.dim() == 2:
+        offsets = torch.arange(0, input.numel(), input.shape[1], dtype=input.dtype, device=input.device)
+        input = input.reshape(-1)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1)
+    assert offsets is not None
+    return (input.contiguous(), offsets.contiguous(),
+            None if per_sample_weights is None else per_sample_weights.contiguous())
+
+
+class QuantizedEmbeddingBag(nn.Module):
+    """An inference embedding bag over a reduced-precision table (rows.py), pooled by
+    `torch.ops.autotune.embedding_bag` into float32: `EmbeddingBag.quantized(bag, "int8")` converts an
+    `nn.EmbeddingBag`'s table once; `QuantizedEmbeddingBag(weight, ...)` takes a table already in float16,
+    bfloat16 or FBGEMM's fused int8 rows (uint8, e.g. from `torch.ops.quantized.embedding_bag_byte_prepack` or
+    TorchRec) as it is. The table is a buffer (saved in the state dict), not a Parameter: it trains no more."""
+
+    def __init__(self, weight: Tensor, mode: str = "sum", include_last_offset: bool = False,
+                 padding_idx: Optional[int] = None, validate: bool = True):
+        super().__init__()
+        need(table_dtype(weight) not in (None, "float32"), OP, "QuantizedEmbeddingBag takes a float16, bfloat16 or "
+             f"uint8 (fused int8 rows) table, got {weight.dtype}; convert one with EmbeddingBag.quantized",
+             InvalidDtype)
+        self.register_buffer("weight", weight.detach().contiguous())
+        self.mode, self.include_last_offset, self.padding_idx, self.validate = (
+            mode, include_last_offset, padding_idx, validate)
+
+    @classmethod
+    def from_module(cls, module: nn.EmbeddingBag, dtype: str) -> "QuantizedEmbeddingBag":
+        need(isinstance(module, nn.EmbeddingBag), OP, f"expected an nn.EmbeddingBag, got {type(module).__name__}")
+        need(module.max_norm is None, OP, "max_norm renormalises rows as they are read: it has no quantized form")
+        need(dtype in DTYPES and dtype != "float32", OP, f"dtype must be float16, bfloat16 or int8, got {dtype!r}")
+        return cls(quantize(module.weight, dtype), module.mode, module.include_last_offset, module.padding_idx)
+
+    @property
+    def dtype(self) -> str:
+        return table_dtype(self.weight)
+
+    def forward(self, input: Tensor, offsets: Optional[Tensor] = None,
+                per_sample_weights: Optional[Tensor] = None) -> Tensor:
+        need(_bag_input(input, offsets), OP, "input must be 1-D indices with offsets, or 2-D (bags, n) without")
+        return torch.ops.autotune.embedding_bag(
+            self.weight, *_flat_bags(input, offsets, per_sample_weights), self.mode, self.include_last_offset,
+            self.padding_idx, self.validate)
+
+    def extra_repr(self) -> str:
+        return (f"{self.weight.shape[0]}, {self.weight.shape[1] - (FUSED_BYTES if self.dtype == 'int8' else 0)}, "
+                f"dtype={self.dtype}, mode={self.mode!r}, autotune")
 
 
 def _swap_embedding_bag(module: nn.Module, next_module: Any, has_kernel: Any, validate: bool) -> Any:
@@ -340,4 +431,4 @@ BINDING = TorchBinding(
     any_size=True, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
     replayable=True,  # on the CPU `check` reads metadata only, and the kernels check every index and bag
     rules=(ModuleRule("nn.EmbeddingBag -> EmbeddingBag", _swap_embedding_bag),),
-    exports=(("EmbeddingBag", EmbeddingBag),))
+    exports=(("EmbeddingBag", EmbeddingBag), ("QuantizedEmbeddingBag", QuantizedEmbeddingBag)))

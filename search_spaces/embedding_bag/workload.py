@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..template import IndexOutOfRange, InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+from .fbgemm import tbe
 from .rows import RowFormat, check_dtype, dequantize, quantize, table_dtype
 
 MODES = ("sum", "mean", "max")
@@ -254,16 +255,32 @@ def pool_dequantized(dtype: str, weight: Any, indices: Any, offsets: Any, per_sa
 
 def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None
               ) -> dict[str, Callable[[], Any]]:
-    """PyTorch's way: F.embedding_bag itself (one call, one launch, its own fused kernel); for int8 rows also
-    PyTorch's own int8 embedding bag (FBGEMM's fused row-wise kernel), for sum and mean."""
+    """PyTorch's way, F.embedding_bag itself (one call, its own fused kernel), over the float32 table (a
+    reduced-precision one is dequantized once: PyTorch's fp32 model is what it is measured against); for int8
+    rows also PyTorch's own int8 embedding bag (FBGEMM's fused row-wise kernel); and FBGEMM's TBE at the table's
+    precision where fbgemm-gpu-cpu is installed (fbgemm.py). Not PyTorch's fp16/bf16 bags: they write fp16/bf16."""
     import torch
 
-    calls = {"torch": lambda: reference(w, weight, indices, offsets, per_sample_weights)}
-    if w.dtype == "int8" and w.mode != "max" and w.padding_idx is None:
-        mode = 0 if w.mode == "sum" else 1
-        calls["torch int8"] = lambda: torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
-            weight, indices, offsets, False, mode, False, per_sample_weights, None, w.include_last_offset)
+    F, table = torch.nn.functional, float32_table(weight, w.dtype)
+    options = dict(mode=w.mode, per_sample_weights=per_sample_weights, include_last_offset=w.include_last_offset,
+                   padding_idx=w.padding_idx)
+    calls = {"torch": lambda: F.embedding_bag(indices, table, offsets, **options)}
+    plain = w.padding_idx is None and per_sample_weights is None and w.mode != "max"
+    if w.dtype == "int8" and plain:
+        calls["torch_int8"] = lambda: torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+            weight, indices, offsets, False, 0 if w.mode == "sum" else 1, False, None, None, w.include_last_offset)
+    fbgemm_tbe = tbe(w.dtype, [weight], w.mode) if plain else None
+    if fbgemm_tbe is not None:
+        ends = offsets if w.include_last_offset else torch.cat([offsets, offsets.new_tensor([indices.numel()])])
+        idx, ends = indices.int(), ends.int()
+        calls[f"fbgemm_tbe_{w.dtype}"] = lambda: fbgemm_tbe(idx, ends)
     return calls
+
+
+@functools.lru_cache(maxsize=1)
+def float32_table(weight: Any, dtype: str) -> Any:
+    """The float32 values of a whole table, once for the batches that share it (the baselines' PyTorch fp32)."""
+    return dequantize(weight, dtype)
 
 
 def gathered(nnz: int, dim: int, row_bytes: int | None = None) -> Traffic:
