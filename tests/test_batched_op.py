@@ -196,7 +196,7 @@ def _bad(case):
     if case == "int32 table_offsets":
         return (weight, to.int(), indices, offsets), at.InvalidDtype, "table_offsets must be int64"
     if case == "integer weight":
-        return (weight.long(), to, indices, offsets), at.InvalidDtype, "weight must be a floating-point"
+        return (weight.long(), to, indices, offsets), at.InvalidDtype, "weight must be float32, float64, float16, bfloat16 or uint8"
     if case == "2-D offsets":
         return (weight, to, indices, [o.view(3, 3) for o in offsets]), at.InvalidInput, "offsets\\[0\\] must be 1-D"
     if case == "a table's first offset is not 0":

@@ -4,7 +4,9 @@ The op takes what T `F.embedding_bag` calls would take, table by table: `indices
 table t, whose rows are `weight[table_offsets[t]:table_offsets[t+1]]` of one concatenated weight (FBGEMM's TBE
 weight), and returns their outputs side by side, (B, T*D). The kernels read FBGEMM's layout (all indices
 concatenated, table-major offsets of T*B+1); `layout` builds it in a handful of tensor ops. Kernels are
-compiled for (tables, dim, mode, index dtype) and take any batch, table sizes and bag sizes.
+compiled for (tables, dim, mode, index dtype, table dtype) and take any batch, table sizes and bag sizes. The
+weight may hold reduced-precision rows, as embedding_bag's (its rows.py): the output is float32 whatever the
+tables, and such tables are for inference.
 
 Checks (validate=True): the metadata here (no pass over the data); each table's first offset (and, with
 include_last_offset, its last) from T+1 values of the built layout; on the CPU the indices and bags inside
@@ -25,8 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._torch_checks import need, same_device_contiguous
-from ..embedding_bag.torch_op import ATEN_MODES
-from ..embedding_bag.workload import MODES, boundaries, row_indices
+from ..embedding_bag.rows import quantize, table_dtype
+from ..embedding_bag.torch_op import ATEN_MODES, explain_table, out_dtype, table_dim, table_ok
+from ..embedding_bag.workload import MODES, boundaries, pool_dequantized, row_indices, table
 from ..template import IndexOutOfRange, InvalidDtype, Route, TorchBinding
 from .workload import Workload
 
@@ -40,10 +43,11 @@ _NUMPY = {torch.int32: np.int32, torch.int64: np.int64}
 def batched_embedding_bag(weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets: list[Tensor],
                           mode: str = "sum", include_last_offset: bool = False, validate: bool = True) -> Tensor:
     """FBGEMM's table-batched embedding bag: `torch.cat([F.embedding_bag(indices[t], weight[table_offsets[t]:
-    table_offsets[t+1]], offsets[t], mode=mode, include_last_offset=include_last_offset) for t], dim=1)`."""
-    rows = table_offsets.tolist()
-    return torch.cat([F.embedding_bag(i, weight[rows[t]:rows[t + 1]], o, mode=mode,
-                                      include_last_offset=include_last_offset)
+    table_offsets[t+1]], offsets[t], mode=mode, include_last_offset=include_last_offset) for t], dim=1)`, over
+    the tables' float32 values."""
+    rows, dtype = table_offsets.tolist(), table_dtype(weight) or "float32"
+    return torch.cat([pool_dequantized(dtype, weight[rows[t]:rows[t + 1]], i, o, mode=mode,
+                                       include_last_offset=include_last_offset)
                       for t, (i, o) in enumerate(zip(indices, offsets))], dim=1)
 
 
@@ -56,7 +60,8 @@ def check(weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets:
     contiguous, as the kernels read them in place."""
     need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
     need(weight.dim() == 2, OP, f"weight must be 2-D (rows of all tables, dim), got shape {tuple(weight.shape)}")
-    need(weight.is_floating_point(), OP, f"weight must be a floating-point tensor, got {weight.dtype}", InvalidDtype)
+    if not table_ok(weight):
+        explain_table(OP, weight)
     tables = len(indices)
     need(tables >= 1, OP, "indices must list at least one table")
     need(len(offsets) == tables, OP, f"indices lists {tables} tables but offsets lists {len(offsets)}: one "
@@ -236,19 +241,20 @@ def _index_dtype(indices: Sequence[Tensor]) -> str:
 
 def fake(weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets: list[Tensor], mode: str = "sum",
          include_last_offset: bool = False, validate: bool = True) -> Tensor:
-    return weight.new_empty(offsets[0].shape[0] - int(include_last_offset), len(indices) * weight.shape[1])
+    return weight.new_empty(offsets[0].shape[0] - int(include_last_offset), len(indices) * table_dim(weight),
+                            dtype=out_dtype(weight))
 
 
 def route(weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets: list[Tensor], mode: str = "sum",
           include_last_offset: bool = False, validate: bool = True) -> Route | str:
     index = _index_dtype(indices)
-    signature = (len(indices), weight.shape[1], mode, index)
+    signature = (len(indices), table_dim(weight), mode, index, table_dtype(weight))
     bags = offsets[0].numel() - int(include_last_offset)
     nnz = sum(i.numel() for i in indices)
     if bags < 1 or nnz == 0:  # nothing to gather: not worth a kernel
         return Route(signature, 0)
-    if weight.dtype != torch.float32:
-        return f"kernels take float32 tables, got {weight.dtype}"
+    if signature[-1] is None:
+        return f"kernels take float32, float16, bfloat16 or fused int8 tables, got {weight.dtype}"
     if index == "int32" and nnz >= 2**31:
         return f"{nnz} int32 indices overflow int32 offsets"
     if weight.device.type == "cuda" and weight.data_ptr() % 16:
@@ -269,12 +275,12 @@ def run(chunks: Sequence[Any], weight: Tensor, table_offsets: Tensor, indices: l
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.tables, w.dim, w.mode, w.index_dtype)
+    return (w.tables, w.dim, w.mode, w.index_dtype, w.dtype)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    tables, dim, mode, index = signature
-    return f"tables={tables} dim={dim} mode={mode} index={index}"
+    tables, dim, mode, index, dtype = signature
+    return f"tables={tables} dim={dim} mode={mode} index={index} dtype={dtype}"
 
 
 # ---- the calls a kernel must serve (autotune check) ---------------------------------------------------------
@@ -290,7 +296,7 @@ def _tables(w: Workload, sizes: np.ndarray, seed: int, rows: Sequence[int] | Non
     indices = [torch.from_numpy(row_indices(r, int(s.sum()), w.distribution, w.zipf_exponent, rng)).to(idt)
                for r, s in zip(rows, sizes)]
     offsets = [torch.from_numpy(boundaries(s)[:len(s) + int(last)]).to(odt) for s in sizes]
-    weight = torch.randn(sum(rows), w.dim, generator=torch.Generator().manual_seed(seed))
+    weight = table(sum(rows), w.dim, w.dtype, seed)
     return [weight, torch.from_numpy(boundaries(rows)), indices, offsets]
 
 
@@ -375,6 +381,8 @@ class BatchedEmbeddingBag(nn.Module):
     `forward(indices, offsets)` takes per-table lists, as T `nn.EmbeddingBag` would take them, and returns their
     outputs side by side, (B, T*dim), through `torch.ops.autotune.batched_embedding_bag` (one kernel call for
     all tables where a kernel is loaded). It trains: the op's backward gives the weight's gradient.
+    `BatchedEmbeddingBag.quantized(module, dtype)` is an inference copy whose tables hold reduced-precision rows
+    (embedding_bag's rows.py: "float16", "bfloat16" or "int8"), a buffer rather than a Parameter.
     """
 
     def __init__(self, rows: Sequence[int], dim: int, mode: str = "sum", include_last_offset: bool = False,
@@ -387,9 +395,21 @@ class BatchedEmbeddingBag(nn.Module):
         self.register_buffer("table_offsets", torch.from_numpy(boundaries(self.rows)))
         if _weight is None:
             _weight = torch.randn(sum(self.rows), self.dim)  # nn.EmbeddingBag's N(0, 1) initialisation
-        need(tuple(_weight.shape) == (sum(self.rows), self.dim), OP, f"_weight must be ({sum(self.rows)}, "
-             f"{self.dim}), got {tuple(_weight.shape)}")
-        self.weight = nn.Parameter(_weight)
+        need(tuple(_weight.shape) == (sum(self.rows), self.dim) or table_dtype(_weight) not in (None, "float32"), OP,
+             f"_weight must be ({sum(self.rows)}, {self.dim}), got {tuple(_weight.shape)}")
+        if table_dtype(_weight) in (None, "float32"):
+            self.weight = nn.Parameter(_weight)
+        else:  # reduced-precision rows: for inference
+            need(_weight.shape[0] == sum(self.rows) and table_dim(_weight) == self.dim, OP, f"a {_weight.dtype} "
+                 f"_weight must hold {sum(self.rows)} rows of dim {self.dim}, got {tuple(_weight.shape)}")
+            self.register_buffer("weight", _weight.detach().contiguous())
+
+    @classmethod
+    def quantized(cls, module: "BatchedEmbeddingBag", dtype: str) -> "BatchedEmbeddingBag":
+        """An inference copy of `module` with its tables converted once to `dtype` rows (float16, bfloat16, int8)."""
+        need(dtype in ("float16", "bfloat16", "int8"), OP, f"dtype must be float16, bfloat16 or int8, got {dtype!r}")
+        return cls(module.rows, module.dim, module.mode, module.include_last_offset, module.validate,
+                   _weight=quantize(module.weight, dtype))
 
     @classmethod
     def from_modules(cls, bags: Sequence[nn.EmbeddingBag], validate: bool = True) -> "BatchedEmbeddingBag":
@@ -416,7 +436,8 @@ class BatchedEmbeddingBag(nn.Module):
                                                          self.validate)
 
     def extra_repr(self) -> str:
-        return f"tables={len(self.rows)}, dim={self.dim}, mode={self.mode}, autotune"
+        dtype = table_dtype(self.weight)
+        return f"tables={len(self.rows)}, dim={self.dim}, mode={self.mode}, dtype={dtype}, autotune"
 
 
 BINDING = TorchBinding(

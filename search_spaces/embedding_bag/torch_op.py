@@ -26,7 +26,8 @@ from ..template import IndexOutOfRange, InvalidDtype, ModuleRule, Route, TorchBi
 from .rows import DTYPES, FUSED_BYTES, quantize, table_dtype
 from .workload import MODES, Workload, boundaries, inputs, pool_dequantized, row_indices, table
 
-__all__ = ["BINDING", "EmbeddingBag", "QuantizedEmbeddingBag", "check", "embedding_bag"]
+__all__ = ["BINDING", "EmbeddingBag", "QuantizedEmbeddingBag", "check", "embedding_bag", "explain_table", "out_dtype",
+           "table_dim", "table_ok"]
 
 OP = "embedding_bag"
 ATEN_MODES = {"sum": 0, "mean": 1, "max": 2}  # PyTorch's internal mode numbers (aten::_embedding_bag)
@@ -55,8 +56,8 @@ def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
     flag would wait for it (its kernels clamp what they read, so unchecked input stays inside the tensors)."""
     ws, ids, ofs = weight.shape, indices.shape, offsets.shape
     if (len(ws) == 2 and len(ids) == 1 and len(ofs) == 1 and indices.dtype in _INDEX and offsets.dtype in _INDEX
-            and mode in MODES and ofs[0] >= include_last_offset and _table_ok(weight)
-            and (per_sample_weights is None or (mode == "sum" and per_sample_weights.dtype is _out_dtype(weight)
+            and mode in MODES and ofs[0] >= include_last_offset and table_ok(weight)
+            and (per_sample_weights is None or (mode == "sum" and per_sample_weights.dtype is out_dtype(weight)
                                                 and per_sample_weights.shape == ids))
             and (padding_idx is None or -ws[0] <= padding_idx < ws[0])
             and fits(weight, indices, offsets, per_sample_weights)):
@@ -71,7 +72,7 @@ _INDEX = (torch.int32, torch.int64)
 _REDUCED = (torch.float16, torch.bfloat16, torch.uint8)  # rows.py's reduced-precision storage
 
 
-def _table_ok(weight: Tensor) -> bool:
+def table_ok(weight: Tensor) -> bool:
     """A float32 or float64 table (PyTorch's), or a reduced-precision one (rows.py) that no gradient is asked of,
     uint8 rows wide enough for their scale and bias."""
     if weight.dtype is torch.float32 or weight.dtype is torch.float64:
@@ -80,12 +81,25 @@ def _table_ok(weight: Tensor) -> bool:
         weight.dtype is not torch.uint8 or (weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0))
 
 
-def _out_dtype(weight: Tensor) -> torch.dtype:
+def out_dtype(weight: Tensor) -> torch.dtype:
     """The output's (and per-sample weights') dtype: float32, float64 for a float64 table (PyTorch's way)."""
     return torch.float64 if weight.dtype is torch.float64 else torch.float32
 
 
-def _dim(weight: Tensor) -> int:
+def explain_table(op: str, weight: Tensor) -> None:
+    """Why a 2-D table is not one `table_ok` takes, as a clear error of operator `op`."""
+    need(weight.dtype in (torch.float32, torch.float64) + _REDUCED, op, "weight must be float32, float64, float16, "
+         f"bfloat16 or uint8 (FBGEMM's fused int8 rows), got {weight.dtype}", InvalidDtype)
+    if weight.dtype in _REDUCED:
+        need(not weight.requires_grad, op, f"a {weight.dtype} table is for inference: it cannot take a gradient "
+             "(train in float32, then quantize)")
+    if weight.dtype is torch.uint8:
+        need(weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0, op,
+             f"uint8 weight must hold FBGEMM's fused int8 rows (dim values, then a float32 scale and bias: "
+             f"dim + 8 bytes, dim % 4 == 0), got rows of {weight.shape[1]} bytes")
+
+
+def table_dim(weight: Tensor) -> int:
     """The embedding dimension of a table: its width, less the scale and bias of fused int8 rows."""
     return weight.shape[1] - FUSED_BYTES if weight.dtype is torch.uint8 else weight.shape[1]
 
@@ -94,23 +108,15 @@ def _explain(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weight
              include_last_offset: bool, padding_idx: Optional[int]) -> None:
     need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
     need(weight.dim() == 2, OP, f"weight must be 2-D (rows, dim), got shape {tuple(weight.shape)}")
-    need(weight.dtype in (torch.float32, torch.float64) + _REDUCED, OP, "weight must be float32, float64, float16, "
-         f"bfloat16 or uint8 (FBGEMM's fused int8 rows), got {weight.dtype}", InvalidDtype)
-    if weight.dtype in _REDUCED:
-        need(not weight.requires_grad, OP, f"a {weight.dtype} table is for inference: it cannot take a gradient "
-             "(train in float32, then quantize)")
-    if weight.dtype is torch.uint8:
-        need(weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0, OP,
-             f"uint8 weight must hold FBGEMM's fused int8 rows (dim values, then a float32 scale and bias: "
-             f"dim + 8 bytes, dim % 4 == 0), got rows of {weight.shape[1]} bytes")
+    explain_table(OP, weight)
     for name, t in (("indices", indices), ("offsets", offsets)):
         need(t.dtype in _INDEX, OP, f"{name} must be int32 or int64, got {t.dtype}", InvalidDtype)
         need(t.dim() == 1, OP, f"{name} must be 1-D, got shape {tuple(t.shape)}")
     same_device_contiguous(OP, weight=weight, indices=indices, offsets=offsets, per_sample_weights=per_sample_weights)
     if per_sample_weights is not None:
         need(mode == "sum", OP, f"per_sample_weights is only supported with mode='sum', got mode={mode!r}")
-        need(per_sample_weights.dtype == _out_dtype(weight), OP, f"per_sample_weights must be "
-             f"{_out_dtype(weight)} for a {weight.dtype} weight, got {per_sample_weights.dtype}", InvalidDtype)
+        need(per_sample_weights.dtype == out_dtype(weight), OP, f"per_sample_weights must be "
+             f"{out_dtype(weight)} for a {weight.dtype} weight, got {per_sample_weights.dtype}", InvalidDtype)
         need(per_sample_weights.shape == indices.shape, OP,
              f"per_sample_weights must have the shape of indices {tuple(indices.shape)}, "
              f"got {tuple(per_sample_weights.shape)}")
@@ -173,7 +179,7 @@ def _index_facts_device(indices: Tensor, offsets: Tensor) -> tuple[int, int, int
 def fake(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
          mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
          validate: bool = True) -> Tensor:
-    return weight.new_empty(offsets.shape[0] - int(include_last_offset), _dim(weight), dtype=_out_dtype(weight))
+    return weight.new_empty(offsets.shape[0] - int(include_last_offset), table_dim(weight), dtype=out_dtype(weight))
 
 
 _INDEX_NAMES = {torch.int64: "int64", torch.int32: "int32"}
@@ -193,7 +199,7 @@ def route(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: 
     """Attributes read once each, cheapest first (`is_cpu`, not `device.type`): this runs on every call."""
     pad = padding_idx + weight.shape[0] if padding_idx is not None and padding_idx < 0 else padding_idx
     bags = offsets.numel() - include_last_offset
-    signature = (_dim(weight), mode, _index_dtype(indices, offsets), per_sample_weights is not None, pad,
+    signature = (table_dim(weight), mode, _index_dtype(indices, offsets), per_sample_weights is not None, pad,
                  include_last_offset, table_dtype(weight))
     if bags < 1 or not indices.numel():  # nothing to gather: not worth a kernel
         return Route(signature, 0)

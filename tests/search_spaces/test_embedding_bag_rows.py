@@ -200,3 +200,27 @@ def test_baselines_are_pytorch_fp32_and_the_peers_at_the_tables_precision(dtype)
     for name, call in paths.items():  # FBGEMM's TBE keeps an int8 row's scale and bias in fp16
         torch.testing.assert_close(call(), ref, rtol=1e-2, atol=1e-2, msg=name)
     assert eb.traffic(w, *tensors).bytes == tensors[1].numel() * RowFormat(dtype, 32).row_bytes
+
+
+def test_the_table_batched_op_and_module_serve_reduced_tables(tmp_path, cpu_builder):
+    task = make_task("batched_embedding_bag", "cpu", rows=(40, 9), dim=16, batch=4, pooling=(0, 5), dtype="int8")
+    export([task.record(task.space.default(), costs=(1e-6,))], tmp_path, builder=cpu_builder)
+    (kernel,) = load_counting(tmp_path).kernels
+    try:
+        fp32 = at.BatchedEmbeddingBag([40, 9], 16)
+        module = at.BatchedEmbeddingBag.quantized(fp32, "int8")
+        assert "weight" in dict(module.named_buffers()) and "dtype=int8" in repr(module)
+        indices = [torch.tensor([0, 39, 5, 7]), torch.tensor([8, 0, 1])]
+        offsets = [torch.tensor([0, 1, 1, 3]), torch.tensor([0, 2, 2, 3])]
+        out = module(indices, offsets)
+        assert kernel.calls == 1 and out.shape == (4, 32) and out.dtype == torch.float32
+        values = dequantize(module.weight, "int8")
+        expected = torch.cat([F.embedding_bag(indices[0], values[:40], offsets[0], mode="sum"),
+                              F.embedding_bag(indices[1], values[40:], offsets[1], mode="sum")], dim=1)
+        torch.testing.assert_close(out, expected)
+        assert (out - fp32(indices, offsets)).abs().max() < 0.1
+        with pytest.raises(InvalidInput, match="fused int8 rows"):
+            module.weight = torch.zeros(49, 13, dtype=torch.uint8)
+            module(indices, offsets)
+    finally:
+        at.unload_all()
