@@ -31,6 +31,8 @@ KERNELS = [
     ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5), per_sample_weights=True)),
     ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5), mode="mean", index_dtype="int32",
                            padding_idx=0, include_last_offset=True)),
+    ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5), dtype="int8")),  # FBGEMM's fused int8 rows
+    ("embedding_bag", dict(rows=50, dim=8, batch=8, pooling=(0, 5), mode="max", dtype="bfloat16")),
     ("interaction", dict(batch=8, tables=3, dim=8)),
     ("qmatmul", dict(m=8, k=32, n=16)),
     ("qmatmul", dict(m=32, k=32, n=16)),
