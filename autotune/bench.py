@@ -140,9 +140,15 @@ class IsolatedTorch:
 
 
 def _table_shape(inputs: tuple[Any, ...]) -> tuple[int, ...]:
-    """The shape of the largest input: the table a gather-bound (GB/s) kernel reads rows of."""
+    """(rows, fp32 words per row) of the largest input: the table a gather-bound (GB/s) kernel reads rows of,
+    in the roof's fp32 terms (a table of fp16 or int8 rows gathers its bytes, not dim floats, per row)."""
     tensors = [t for x in inputs for t in (x if isinstance(x, (list, tuple)) else (x,)) if hasattr(t, "numel")]
-    return tuple(max(tensors, key=lambda t: t.numel()).shape) if tensors else ()
+    if not tensors:
+        return ()
+    table = max(tensors, key=lambda t: t.numel() * t.element_size())
+    if table.dim() < 2:
+        return tuple(table.shape)
+    return (table.shape[0], max(1, table[0].numel() * table.element_size() // 4))
 
 
 def measure_roof(unit: str, inputs: tuple[Any, ...]) -> tuple[roofline.Roof | None, str | None]:
