@@ -279,12 +279,12 @@ def _run_cases(template: Any, binding: Any, workload: Any, op: Any, device: Any,
                seed: int) -> dict[str, Any]:
     import torch
 
-    from .runtime import expected, judge, reference_precision
+    from .runtime import expected_call, judge, reference_precision
 
     compiled = binding.compiled(workload)
     res: dict[str, Any] = {"cases": 0, "passed": 0, "kernel_calls": 0, "worst_error": 0.0, "worst_ratio": 0.0,
-                           "pytorch_worst_error": 0.0, "pytorch_worst_ratio": 0.0, "reference": _REFERENCE[reference_precision(template)],
-                           "failure": None}
+                           "pytorch_worst_error": 0.0, "pytorch_worst_ratio": 0.0, "failure": None,
+                           "reference": _REFERENCE[reference_precision(template)]}
     for name, args, kwargs in binding.cases(workload, seed, count):
         args, kwargs = _to(args, device), _to(kwargs, device)
         print(_CASE + name, flush=True)
@@ -307,7 +307,7 @@ def _run_cases(template: Any, binding: Any, workload: Any, op: Any, device: Any,
         elif isinstance(route, Route) and route.size >= 1 and not served:
             why = "PyTorch's implementation ran, not the kernel (dispatch did not pick it)"
         if why is None:
-            verdict = judge(out, expected(template, workload, binding.op, *args, **kwargs))
+            verdict = judge(out, expected_call(template, workload, binding.op, *args, **kwargs))
             why = verdict.why
             res["worst_error"] = max(res["worst_error"], verdict.error)
             res["worst_ratio"] = max(res["worst_ratio"], verdict.ratio)

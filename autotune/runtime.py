@@ -542,7 +542,13 @@ class Expected:
                         None if f64 is None else Float64Reference(f64.value[i], f64.magnitude[i]))
 
 
-def expected(template: Any, workload: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Expected:
+def expected(template: Any, workload: Any, *tensors: Any) -> Expected:
+    """What a kernel of `workload` is judged against on these reference-order tensors (`expected_call` of the
+    template's reference)."""
+    return expected_call(template, workload, functools.partial(template.reference, workload), *tensors)
+
+
+def expected_call(template: Any, workload: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Expected:
     """What a kernel computing `fn(*args, **kwargs)` is judged against: `fn` (the template's reference, or its
     torch op's PyTorch path) as PyTorch runs it, the template's tolerance for `workload` and, where the
     template's rule is float64, `fn` in float64 (`float64_reference`)."""
@@ -647,7 +653,7 @@ class TaskData:
         inputs = template.inputs(workload, seed)
         self.inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else
                             [x.to(device) for x in t] if isinstance(t, (list, tuple)) else t for t in inputs)
-        self.expected = expected(template, workload, functools.partial(template.reference, workload), *self.inputs)
+        self.expected = expected(template, workload, *self.inputs)
         self.reference = self.expected.pytorch
         self.sets = input_sets(template, workload, seed, self.inputs, device)
         self.anchor: Anchor | None = None  # set by a runner that times anchored (Timing.anchor)

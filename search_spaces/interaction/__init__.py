@@ -15,8 +15,8 @@ from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
 
-__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "REFERENCE_PRECISION", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "REFERENCE_PRECISION", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines",
+           "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
            "torch_binding", "traffic"]
 
 NAME = "interaction"
