@@ -580,36 +580,38 @@ def judge(out: Any, exp: Expected) -> Judgement:
                          max(j.pytorch_error for j in each), max(j.pytorch_ratio for j in each))
     ref = exp.pytorch
     if not hasattr(out, "shape") or tuple(out.shape) != tuple(ref.shape):
-        return Judgement(0.0, 0.0, f"output shape {tuple(getattr(out, 'shape', ()))} != PyTorch's {tuple(ref.shape)}")
+        shape = tuple(getattr(out, "shape", ()))
+        return Judgement(0.0, 0.0, f"output shape {shape} != PyTorch's {tuple(ref.shape)}")
     if out.dtype != ref.dtype:
         return Judgement(0.0, 0.0, f"output dtype {out.dtype} != PyTorch's {ref.dtype}")
     if out.numel() == 0:
         return Judgement(0.0, 0.0)
-    return _judge_values(out.detach().double(), ref.detach().double(), exp, out.dtype)
+    return _judge_values(out.detach(), ref.detach(), exp)
 
 
-def _judge_values(o: Any, p: Any, exp: Expected, dtype: Any) -> Judgement:
-    """`judge` of one non-empty tensor, `o` the output and `p` PyTorch's, both as float64."""
+def _judge_values(out: Any, ref: Any, exp: Expected) -> Judgement:
+    """`judge` of one non-empty output `out` and PyTorch's `ref`, of one shape and dtype. Computed in float64,
+    or in float32 for a float32 (or narrower) output under the native rule, as torch.isclose does."""
+    import torch
+
     rtol, atol, f64 = float(exp.rtol), float(exp.atol), exp.float64
-    if f64 is None:
-        target, bound = p, atol + rtol * p.abs()
-    else:
-        target, bound = _as_stored(f64.value, dtype), atol + rtol * f64.magnitude.double()
+    narrow = f64 is None and out.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    o, p = (t.to(torch.float32 if narrow else torch.float64) for t in (out, ref))
+    target, scale = (p, p.abs()) if f64 is None else (_as_stored(f64.value, out.dtype), f64.magnitude.double())
+    bound = (scale * rtol).add_(atol)
     diff, ratio = _errors(o, target, bound)
-    worst, at = float(ratio.max()), int(ratio.flatten().argmax())
-    judgement = Judgement(float(diff.max()), worst)
+    judgement = Judgement(float(diff.max()), float(ratio.max()))
     if f64 is not None:
         pytorch_diff, pytorch_ratio = _errors(p, target, bound)
         judgement = dataclasses.replace(judgement, pytorch_error=float(pytorch_diff.max()),
                                         pytorch_ratio=float(pytorch_ratio.max()))
-    if worst <= 1.0:
+    if judgement.ratio <= 1.0:
         return judgement
-    flat = [float(t.flatten()[at]) for t in (diff, o, target, p, bound)]
-    d, ov, tv, pv, b = flat
-    values = (f"kernel {ov:.6g}, PyTorch {pv:.6g}" if f64 is None else
-              f"kernel {ov:.6g}, float64 {tv:.6g}, PyTorch {pv:.6g}")
-    scale = "|PyTorch|" if f64 is None else f"magnitude {float(f64.magnitude.flatten()[at]):.6g}"
-    why = (f"error {d:.3g} at flat index {at} ({values}; bound {b:.3g} = atol {atol:g} + rtol {rtol:g} x {scale})"
+    at = int(ratio.flatten().argmax())
+    d, ov, tv, pv, b, m = (float(t.flatten()[at]) for t in (diff, o, target, p, bound, scale))
+    values = f"kernel {ov:.6g}, " + ("" if f64 is None else f"float64 {tv:.6g}, ") + f"PyTorch {pv:.6g}"
+    scaled = "|PyTorch|" if f64 is None else f"magnitude {m:.6g}"
+    why = (f"error {d:.3g} at flat index {at} ({values}; bound {b:.3g} = atol {atol:g} + rtol {rtol:g} x {scaled})"
            f"; max abs error {judgement.error:.3g}")
     return dataclasses.replace(judgement, why=why)
 
@@ -629,10 +631,13 @@ def _errors(o: Any, target: Any, bound: Any) -> tuple[Any, Any]:
     NaN, an infinite one where only one is NaN, an infinite ratio where the bound is zero."""
     import torch
 
+    diff = (o - target).abs_()
+    ratio = diff / bound
+    if bool(ratio.isfinite().all()):  # the usual case: no NaN, infinity or zero bound anywhere
+        return diff, ratio
     inf = float("inf")
-    diff = (o - target).abs().nan_to_num(nan=inf, posinf=inf)
-    diff = torch.where((o == target) | (o.isnan() & target.isnan()), 0.0, diff)
-    ratio = torch.where(diff == 0, 0.0, (diff / bound).nan_to_num(nan=inf, posinf=inf))
+    diff = torch.where((o == target) | (o.isnan() & target.isnan()), 0.0, diff.nan_to_num_(nan=inf, posinf=inf))
+    ratio = torch.where(diff == 0, 0.0, (diff / bound).nan_to_num_(nan=inf, posinf=inf))
     return diff, ratio
 
 
