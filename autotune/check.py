@@ -8,9 +8,11 @@ as skipped):
 - then numerics, in a child process per kernel (a broken kernel may segfault or hang: that kernel fails, named,
   and the others still run): fresh random inputs at several batch sizes and the operator's edge cases (the
   template's `TorchBinding.cases`), called through `torch.ops.autotune.<op>` with only this kernel loaded,
-  checking that the call ran the kernel rather than PyTorch's fallback, and compared with PyTorch's
-  implementation within the template's tolerance. So a kernel swapped for another workload's, hashes
-  recomputed, still fails.
+  checking that the call ran the kernel rather than PyTorch's fallback, and judged by the one rule of
+  `runtime.judge`: against PyTorch's implementation within the template's tolerance or, for a template whose
+  REFERENCE_PRECISION is float64, against that implementation run in float64, within a bound scaled by the
+  magnitude of the terms summed (PyTorch's own output is judged too, and reported). So a kernel swapped for
+  another workload's, hashes recomputed, still fails.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = ["CheckReport", "KernelResult", "check", "DEFAULT_CASES", "DEFAULT_TIM
 
 DEFAULT_CASES = 8  # random cases per kernel (the operator's edge cases come on top)
 DEFAULT_TIMEOUT_S = 300.0  # per kernel, all its cases: past it the kernel is taken to hang
+_REFERENCE = {"native": "PyTorch", "float64": "float64"}  # by the template's REFERENCE_PRECISION
 # the child's lines: a case starts, a case passed, its result (a crash leaves the first two behind)
 _CASE, _PASS, _RESULT = "AUTOTUNE-CHECK-CASE ", "AUTOTUNE-CHECK-PASS", "AUTOTUNE-CHECK-RESULT "
 
@@ -52,8 +55,11 @@ class KernelResult:
     cases: int = 0  # cases run
     passed: int = 0
     kernel_calls: int = 0  # cases the kernel served (the others PyTorch serves by design, e.g. an empty batch)
-    worst_error: float | None = None  # largest |kernel - PyTorch| over all cases
-    worst_ratio: float | None = None  # largest error / allowed error (atol + rtol |PyTorch|): <= 1 passes
+    reference: str | None = None  # what outputs are judged against: "float64" or "PyTorch" (runtime.judge)
+    worst_error: float | None = None  # largest |kernel - reference| over all cases
+    worst_ratio: float | None = None  # largest error / its bound: <= 1 passes
+    pytorch_worst_error: float | None = None  # the same two for PyTorch's own output (against float64; else 0)
+    pytorch_worst_ratio: float | None = None
     failure: str | None = None  # the first failing case (or integrity check) and why
     skipped: str | None = None  # why this machine cannot run it
 
@@ -62,8 +68,10 @@ class KernelResult:
         if self.status == "skipped":
             return f"SKIP {head}: {self.skipped}"
         counts = f"{self.passed}/{self.cases} cases passed ({self.kernel_calls} through the kernel)"
-        worst = ("" if self.worst_error is None else
-                 f", worst error {self.worst_error:.3g} ({self.worst_ratio:.2g} of tolerance)")
+        worst = "" if self.worst_error is None else (
+            f", worst error {self.worst_error:.3g} against {self.reference} ({self.worst_ratio:.2g} of the bound"
+            + (f"; PyTorch's own {self.pytorch_worst_error:.3g}, {self.pytorch_worst_ratio:.2g} of the bound"
+               if self.reference == "float64" else "") + ")")
         if self.status == "passed":
             return f"PASS {head}: {counts}{worst}"
         return f"FAIL {head}: {self.failure}" + (f" [{counts}{worst}]" if self.cases else "")
@@ -271,10 +279,12 @@ def _run_cases(template: Any, binding: Any, workload: Any, op: Any, device: Any,
                seed: int) -> dict[str, Any]:
     import torch
 
-    rtol, atol = template.tolerance(workload)
+    from .runtime import expected_call, judge, reference_precision
+
     compiled = binding.compiled(workload)
     res: dict[str, Any] = {"cases": 0, "passed": 0, "kernel_calls": 0, "worst_error": 0.0, "worst_ratio": 0.0,
-                           "failure": None}
+                           "pytorch_worst_error": 0.0, "pytorch_worst_ratio": 0.0, "failure": None,
+                           "reference": _REFERENCE[reference_precision(template)]}
     for name, args, kwargs in binding.cases(workload, seed, count):
         args, kwargs = _to(args, device), _to(kwargs, device)
         print(_CASE + name, flush=True)
@@ -297,9 +307,12 @@ def _run_cases(template: Any, binding: Any, workload: Any, op: Any, device: Any,
         elif isinstance(route, Route) and route.size >= 1 and not served:
             why = "PyTorch's implementation ran, not the kernel (dispatch did not pick it)"
         if why is None:
-            error, ratio, why = _compare(out, binding.op(*args, **kwargs), rtol, atol)
-            res["worst_error"] = max(res["worst_error"], error)
-            res["worst_ratio"] = max(res["worst_ratio"], ratio)
+            verdict = judge(out, expected_call(template, workload, binding.op, *args, **kwargs))
+            why = verdict.why
+            res["worst_error"] = max(res["worst_error"], verdict.error)
+            res["worst_ratio"] = max(res["worst_ratio"], verdict.ratio)
+            res["pytorch_worst_error"] = max(res["pytorch_worst_error"], verdict.pytorch_error)
+            res["pytorch_worst_ratio"] = max(res["pytorch_worst_ratio"], verdict.pytorch_ratio)
         if why is None:
             res["passed"] += 1
             print(_PASS, flush=True)
@@ -320,44 +333,6 @@ def _to(x: Any, device: Any) -> Any:
     if isinstance(x, dict):
         return {k: _to(v, device) for k, v in x.items()}
     return x
-
-
-def _compare(out: Any, ref: Any, rtol: Any, atol: Any) -> tuple[float, float, str | None]:
-    """(max abs error, max error / allowed error, why it fails or None), with torch.isclose's rule; an op
-    returning several tensors: the worst of them (each with its own tolerance where the template gives one per
-    output), and the first failure."""
-    import torch
-
-    if isinstance(ref, tuple):
-        if not isinstance(out, tuple) or len(out) != len(ref):
-            return 0.0, 0.0, f"output is not {len(ref)} tensors like PyTorch's"
-        from .runtime import nth_tolerance
-
-        each = [_compare(o, r, nth_tolerance(rtol, i), nth_tolerance(atol, i))
-                for i, (o, r) in enumerate(zip(out, ref))]
-        why = next((f"output {i}: {w}" for i, (_, _, w) in enumerate(each) if w is not None), None)
-        return max(e for e, _, _ in each), max(r for _, r, _ in each), why
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(ref.shape):
-        return 0.0, 0.0, f"output shape {tuple(getattr(out, 'shape', ()))} != PyTorch's {tuple(ref.shape)}"
-    if out.dtype != ref.dtype:
-        return 0.0, 0.0, f"output dtype {out.dtype} != PyTorch's {ref.dtype}"
-    if out.numel() == 0:
-        return 0.0, 0.0, None
-    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
-    nan = o.isnan() != r.isnan()
-    if bool(nan.any()):
-        return float("inf"), float("inf"), f"NaN where PyTorch has none (or none where it has one) at flat " \
-                                           f"index {int(nan.flatten().nonzero()[0])}"
-    diff = torch.where(r.isnan(), 0.0, (o - r).abs())
-    diff = torch.where(o == r, 0.0, diff)  # equal infinities
-    ratio = diff / (atol + rtol * r.abs())
-    ratio = torch.where(diff == 0, 0.0, ratio.nan_to_num(float("inf")))
-    worst, where = float(diff.max()), int(ratio.flatten().argmax())
-    if float(ratio.max()) <= 1.0:
-        return worst, float(ratio.max()), None
-    return worst, float(ratio.max()), (f"error {float(diff.flatten()[where]):.3g} at flat index {where} "
-                                       f"(kernel {float(o.flatten()[where]):.6g}, PyTorch "
-                                       f"{float(r.flatten()[where]):.6g}; rtol {rtol}, atol {atol})")
 
 
 def _child_main(argv: Sequence[str]) -> int:

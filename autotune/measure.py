@@ -19,7 +19,7 @@ from .build import Built, _last_lines
 from .runtime import HARNESS, Timing
 from .task import Task
 
-__all__ = ["HARNESS", "LocalRunner", "Measured", "Timing", "mismatch", "require_local_device", "task_data"]
+__all__ = ["HARNESS", "LocalRunner", "Measured", "Timing", "require_local_device", "task_data"]
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,6 @@ def harness_error(err: BaseException, where: str) -> str:
 def task_data(task: Task, seed: int) -> runtime.TaskData:
     """Inputs and reference output of a task on its device, kept in this process for the next candidate."""
     return runtime.task_data(task.template, task.workload, seed, "cuda" if task.device.is_gpu else "cpu")
-
-
-def mismatch(task: Task, out: Any, ref: Any) -> str | None:
-    """Why `out` is not `ref` within the template's tolerance, or None if it is."""
-    return runtime.mismatch(out, ref, *task.template.tolerance(task.workload))
 
 
 def _l2_bytes(task: Task) -> int:
@@ -66,7 +61,7 @@ def _prepare(task: Task, timing: Timing, nominal: float | None = None) -> float 
 
         cfg = task.space.default()
         bound = data.bind(cfg, load_compiled(task, cfg))
-        why = mismatch(task, bound(*data.inputs), data.reference)
+        why = runtime.mismatch(bound(*data.inputs), data.expected)
         if why is not None:
             raise RuntimeError(f"the anchor (the default config) is wrong: {why}")
         data.anchor = runtime.Anchor(data.calls(bound)).calibrate(timing, nominal=nominal)

@@ -12,6 +12,7 @@ recorded for a config is the one a caller sees, and `bench` times kernels the sa
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import glob
 import itertools
@@ -455,8 +456,21 @@ def time_cuda(run: Callable[[], None], timing: Timing, l2_bytes: int) -> list[fl
     return costs
 
 
-# ---- checking a candidate against the reference -----------------------------------------------------------
+# ---- judging a kernel's output: the one rule -------------------------------------------------------------
+# Every place that judges a kernel (the runners' check before timing, `autotune check`, bench, the contract
+# test) calls `judge` with what `expected` made. A template's REFERENCE_PRECISION says what it is judged against:
+#   "native" (the default): PyTorch's output in its own dtype, by torch.isclose's rule
+#       |out - ref| <= atol + rtol * |ref|. For exact and integer results (rows quantized bit for bit, int32
+#       accumulations, one rounding step) and for any template that names no rule.
+#   "float64": the reference run on the inputs cast to float64, within atol + rtol * magnitude, the magnitude
+#       being the reference run on the inputs' absolute values. For a reference that sums products of its
+#       floating-point inputs (integer inputs being indices or counts) that is each output's sum of |terms|,
+#       which bounds the rounding of any summation order, also where the terms cancel and the output is near
+#       zero: a bound relative to the output fails good kernels there. PyTorch's own output is judged by the
+#       same bound (`Judgement.pytorch_ratio`), so a bound PyTorch breaks shows.
 Tolerance = float | Sequence[float]  # one for every output, or one per output of an op returning several
+NATIVE, FLOAT64 = "native", "float64"
+PRECISIONS = (NATIVE, FLOAT64)
 
 
 def nth_tolerance(tol: Tolerance, i: int) -> float:
@@ -464,29 +478,178 @@ def nth_tolerance(tol: Tolerance, i: int) -> float:
     return float(tol) if isinstance(tol, (int, float)) else float(tol[i])
 
 
-def mismatch(out: Any, ref: Any, rtol: Tolerance, atol: Tolerance) -> str | None:
-    """Why `out` is not `ref` within tolerance, or None if it is (a tuple output: each tensor in turn, with its
-    own rtol and atol where the template gives one per output)."""
+def reference_precision(template: Any) -> str:
+    """The template's REFERENCE_PRECISION, "native" where it names none (a ValueError for an unknown one)."""
+    precision = getattr(template, "REFERENCE_PRECISION", NATIVE)
+    if precision not in PRECISIONS:
+        raise ValueError(f"{getattr(template, 'NAME', template)}: REFERENCE_PRECISION must be one of "
+                         f"{PRECISIONS}, got {precision!r}")
+    return precision
+
+
+@dataclass(frozen=True)
+class Float64Reference:
+    """An operator's result computed in float64 and the magnitude of the terms that make each output."""
+
+    value: Any  # a tensor, or a tuple of them for an op returning several
+    magnitude: Any  # the same structure, >= 0
+
+
+def float64_reference(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Float64Reference:
+    """`fn` run on its arguments with every floating-point tensor cast to float64 (the value), and on their
+    absolute values (the magnitude: for a sum of products of those tensors, each output's sum of |terms|).
+    Tensors in lists, tuples and dicts are cast too; integer tensors (indices, offsets) are passed as given."""
+    value = fn(*_floats(args, _to_float64), **_floats(kwargs, _to_float64))
+    magnitude = fn(*_floats(args, _abs_float64), **_floats(kwargs, _abs_float64))
+    return Float64Reference(value, _map_tensors(magnitude, lambda t: t.abs()))
+
+
+def _to_float64(t: Any) -> Any:
+    return t.double()
+
+
+def _abs_float64(t: Any) -> Any:
+    return t.double().abs()
+
+
+def _floats(x: Any, f: Callable[[Any], Any]) -> Any:
+    """`x` with `f` applied to each floating-point tensor in it (through lists, tuples and dicts)."""
+    return _map_tensors(x, lambda t: f(t) if t.is_floating_point() else t)
+
+
+def _map_tensors(x: Any, f: Callable[[Any], Any]) -> Any:
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_tensors(v, f) for v in x)
+    if isinstance(x, dict):
+        return {k: _map_tensors(v, f) for k, v in x.items()}
+    return f(x) if hasattr(x, "is_floating_point") else x
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What an output is judged against: PyTorch's output, the template's (rtol, atol) and, under the float64
+    rule, the float64 reference (None under the native rule)."""
+
+    pytorch: Any
+    rtol: Tolerance
+    atol: Tolerance
+    float64: Float64Reference | None = None
+
+    def nth(self, i: int) -> "Expected":
+        """What output `i` of an op returning several tensors is judged against."""
+        f64 = self.float64
+        return Expected(self.pytorch[i], nth_tolerance(self.rtol, i), nth_tolerance(self.atol, i),
+                        None if f64 is None else Float64Reference(f64.value[i], f64.magnitude[i]))
+
+
+def expected(template: Any, workload: Any, *tensors: Any) -> Expected:
+    """What a kernel of `workload` is judged against on these reference-order tensors (`expected_call` of the
+    template's reference)."""
+    return expected_call(template, workload, functools.partial(template.reference, workload), *tensors)
+
+
+def expected_call(template: Any, workload: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Expected:
+    """What a kernel computing `fn(*args, **kwargs)` is judged against: `fn` (the template's reference, or its
+    torch op's PyTorch path) as PyTorch runs it, the template's tolerance for `workload` and, where the
+    template's rule is float64, `fn` in float64 (`float64_reference`)."""
+    rtol, atol = template.tolerance(workload)
+    f64 = float64_reference(fn, *args, **kwargs) if reference_precision(template) == FLOAT64 else None
+    return Expected(fn(*args, **kwargs), rtol, atol, f64)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The verdict on one output: it passes where `ratio` <= 1 (then `why` is None)."""
+
+    error: float  # largest |out - reference|: the float64 reference under the float64 rule, else PyTorch's
+    ratio: float  # largest |out - reference| / bound over the elements
+    why: str | None = None  # why it fails: where, the kernel's, float64 and PyTorch's values, and the bound
+    pytorch_error: float = 0.0  # PyTorch's own largest error against float64 (0 under the native rule)
+    pytorch_ratio: float = 0.0  # ... and its largest error / bound
+
+
+def judge(out: Any, exp: Expected) -> Judgement:
+    """`out` judged by the one rule (see above). An op returning several tensors: each output with its own
+    tolerance; the largest error and ratios, and the first failure."""
+    if isinstance(exp.pytorch, tuple):
+        if not isinstance(out, tuple) or len(out) != len(exp.pytorch):
+            return Judgement(0.0, 0.0, f"output is not a tuple of {len(exp.pytorch)} tensors like PyTorch's")
+        each = [judge(o, exp.nth(i)) for i, o in enumerate(out)]
+        why = next((f"output {i}: {j.why}" for i, j in enumerate(each) if j.why is not None), None)
+        return Judgement(max(j.error for j in each), max(j.ratio for j in each), why,
+                         max(j.pytorch_error for j in each), max(j.pytorch_ratio for j in each))
+    ref = exp.pytorch
+    if not hasattr(out, "shape") or tuple(out.shape) != tuple(ref.shape):
+        shape = tuple(getattr(out, "shape", ()))
+        return Judgement(0.0, 0.0, f"output shape {shape} != PyTorch's {tuple(ref.shape)}")
+    if out.dtype != ref.dtype:
+        return Judgement(0.0, 0.0, f"output dtype {out.dtype} != PyTorch's {ref.dtype}")
+    if out.numel() == 0:
+        return Judgement(0.0, 0.0)
+    return _judge_values(out.detach(), ref.detach(), exp)
+
+
+def _judge_values(out: Any, ref: Any, exp: Expected) -> Judgement:
+    """`judge` of one non-empty output `out` and PyTorch's `ref`, of one shape and dtype. Computed in float64,
+    or in float32 for a float32 (or narrower) output under the native rule, as torch.isclose does."""
     import torch
 
-    if isinstance(ref, tuple):
-        if not isinstance(out, tuple) or len(out) != len(ref):
-            return f"output is not a tuple of {len(ref)} tensors like the reference"
-        whys = (mismatch(o, r, nth_tolerance(rtol, i), nth_tolerance(atol, i))
-                for i, (o, r) in enumerate(zip(out, ref)))
-        return next((f"output {i}: {why}" for i, why in enumerate(whys) if why is not None), None)
-    if tuple(out.shape) != tuple(ref.shape):
-        return f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    if torch.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=True):
-        return None
-    diff = (out.double() - ref.double()).abs()
-    where = int(diff.nan_to_num(float("inf")).argmax())
-    return f"max abs error {float(diff.max()):.3g} at flat index {where} (rtol {rtol}, atol {atol})"
+    rtol, atol, f64 = float(exp.rtol), float(exp.atol), exp.float64
+    narrow = f64 is None and out.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    o, p = (t.to(torch.float32 if narrow else torch.float64) for t in (out, ref))
+    target, scale = (p, p.abs()) if f64 is None else (_as_stored(f64.value, out.dtype), f64.magnitude.double())
+    bound = (scale * rtol).add_(atol)
+    diff, ratio = _errors(o, target, bound)
+    judgement = Judgement(float(diff.max()), float(ratio.max()))
+    if f64 is not None:
+        pytorch_diff, pytorch_ratio = _errors(p, target, bound)
+        judgement = dataclasses.replace(judgement, pytorch_error=float(pytorch_diff.max()),
+                                        pytorch_ratio=float(pytorch_ratio.max()))
+    if judgement.ratio <= 1.0:
+        return judgement
+    at = int(ratio.flatten().argmax())
+    d, ov, tv, pv, b, m = (float(t.flatten()[at]) for t in (diff, o, target, p, bound, scale))
+    values = f"kernel {ov:.6g}, " + ("" if f64 is None else f"float64 {tv:.6g}, ") + f"PyTorch {pv:.6g}"
+    scaled = "|PyTorch|" if f64 is None else f"magnitude {m:.6g}"
+    why = (f"error {d:.3g} at flat index {at} ({values}; bound {b:.3g} = atol {atol:g} + rtol {rtol:g} x {scaled})"
+           f"; max abs error {judgement.error:.3g}")
+    return dataclasses.replace(judgement, why=why)
+
+
+def _as_stored(value: Any, dtype: Any) -> Any:
+    """The float64 value as float64, except where it overflows `dtype`: there the infinity a correctly rounded
+    output holds."""
+    value = value.double()
+    if not dtype.is_floating_point:
+        return value
+    rounded = value.to(dtype).double()
+    return value.where(~(rounded.isinf() & value.isfinite()), rounded)
+
+
+def _errors(o: Any, target: Any, bound: Any) -> tuple[Any, Any]:
+    """(|o - target|, |o - target| / bound) elementwise: no error where they are equal (infinities too) or both
+    NaN, an infinite one where only one is NaN, an infinite ratio where the bound is zero."""
+    import torch
+
+    diff = (o - target).abs_()
+    ratio = diff / bound
+    if bool(ratio.isfinite().all()):  # the usual case: no NaN, infinity or zero bound anywhere
+        return diff, ratio
+    inf = float("inf")
+    diff = torch.where((o == target) | (o.isnan() & target.isnan()), 0.0, diff.nan_to_num_(nan=inf, posinf=inf))
+    ratio = torch.where(diff == 0, 0.0, (diff / bound).nan_to_num_(nan=inf, posinf=inf))
+    return diff, ratio
+
+
+def mismatch(out: Any, exp: Expected) -> str | None:
+    """Why `out` fails the rule (`judge`), or None where it passes."""
+    return judge(out, exp).why
 
 
 class TaskData:
-    """A task's inputs and reference output on one device, made once (a 1M-row table takes a second), and the
-    input sets its timed calls cycle through (`input_sets`)."""
+    """A task's inputs, reference output and what a candidate's output is judged against (`expected`) on one
+    device, made once (a 1M-row table takes a second), and the input sets its timed calls cycle through
+    (`input_sets`)."""
 
     def __init__(self, template: Any, workload: Any, seed: int, device: str):
         import torch
@@ -495,7 +658,8 @@ class TaskData:
         inputs = template.inputs(workload, seed)
         self.inputs = tuple(t.to(device) if isinstance(t, torch.Tensor) else
                             [x.to(device) for x in t] if isinstance(t, (list, tuple)) else t for t in inputs)
-        self.reference = template.reference(workload, *self.inputs)
+        self.expected = expected(template, workload, *self.inputs)
+        self.reference = self.expected.pytorch
         self.sets = input_sets(template, workload, seed, self.inputs, device)
         self.anchor: Anchor | None = None  # set by a runner that times anchored (Timing.anchor)
 
@@ -584,7 +748,7 @@ def check_and_time(data: TaskData, bound: BoundKernel, timing: Timing,
             torch.cuda.synchronize()
     except Exception as err:  # the kernel's failure, recorded, not raised
         return (), "runtime", _error(err)
-    why = mismatch(out, data.reference, *data.template.tolerance(data.workload))
+    why = mismatch(out, data.expected)
     if why is not None:
         return (), "wrong", why
     if on_gpu:

@@ -322,7 +322,8 @@ class Template(Protocol):
         """Bytes and ops of one call on these inputs."""
 
     def tolerance(self, w: Any) -> tuple[float, float]:
-        """(rtol, atol) for comparing kernel and reference outputs."""
+        """(rtol, atol) of the bound a kernel's output is judged within (`autotune.runtime.judge`): atol + rtol
+        times |PyTorch's output|, or times the magnitude of the terms under REFERENCE_PRECISION "float64"."""
 
     def torch_binding(self) -> TorchBinding | None:
         """How the operator appears in PyTorch (imports torch), or None if it has no torch op."""
@@ -332,6 +333,16 @@ class Template(Protocol):
 
 
 # Optional members (the engine uses them where a template defines them):
+#   REFERENCE_PRECISION: "native" (the default) or "float64": what `autotune.runtime.judge`, the one rule every
+#       check of a kernel uses, judges its output against. "float64": the reference run on the inputs cast to
+#       float64, within atol + rtol * magnitude, the magnitude being the reference run on the inputs' absolute
+#       values; PyTorch's own output is judged by the same bound. Sound for a reference that sums products of
+#       its floating-point inputs (integer inputs being indices or counts): sums, means, dot products, where
+#       terms that cancel make a bound relative to the output fail good kernels. The reference and the torch
+#       op's PyTorch path must then compute in float64 on float64 tensors. "native": PyTorch's output in its own
+#       dtype, |out - ref| <= atol + rtol |ref| (torch.isclose): for exact and integer results (rows quantized
+#       bit for bit, int32 accumulations, one rounding step) and inputs the float64 rule does not fit (integer
+#       values, whose absolute values it does not take; tables too large to copy in float64).
 #   after_call(w, args, out) -> None: runs after every kernel call, with the kernel_args list; raises what the
 #       kernel flagged in its arguments (e.g. an index out of range the gather saw and skipped), so inputs are
 #       checked without an extra pass over them. The flag is the kernel's last argument: an int32 zero on entry,

@@ -20,6 +20,22 @@ from autotune.task import make_task
 from autotune.testing import assert_package_matches
 
 KERNELS = [dict(rows=50, dim=8, batch=8, pooling=(0, 5)), dict(rows=50, dim=8, batch=8, pooling=(0, 5), mode="mean")]
+# a check child whose op returns the kernel's output off by 3e-4 of each output's terms (sum |x_i y_i|)
+OFF_BY_A_LITTLE = """
+import sys
+import autotune.check as check
+from search_spaces.interaction.workload import dot_interaction
+
+real = check._run_cases
+
+def off_by_a_little(template, binding, workload, op, *rest):
+    def op_off(x, ly, **kwargs):
+        return op(x, ly, **kwargs) + 3e-4 * dot_interaction(x.abs(), ly.abs(), kwargs["self_interaction"])
+    return real(template, binding, workload, op_off, *rest)
+
+check._run_cases = off_by_a_little
+sys.exit(check._child_main(sys.argv[2:]))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +43,14 @@ def package(tmp_path_factory, cpu_builder):
     out = tmp_path_factory.mktemp("pkg")
     tasks = [make_task("embedding_bag", "cpu", **fields) for fields in KERNELS]
     export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out, builder=cpu_builder)
+    return out
+
+
+@pytest.fixture(scope="module")
+def interaction_package(tmp_path_factory, cpu_builder):
+    out = tmp_path_factory.mktemp("interaction")
+    task = make_task("interaction", "cpu", batch=16, tables=8, dim=32)
+    export([task.record(task.space.default(), costs=(1e-5,))], out, builder=cpu_builder)
     return out
 
 
@@ -67,6 +91,23 @@ def test_a_good_package_passes_through_the_torch_op(package, capsys):
     assert [r.cases + 2 for r in results] == counted  # --cases scales the random cases
     for r in results:
         assert r.passed == r.cases > 1 and 0 < r.kernel_calls <= r.cases and 0 <= r.worst_ratio <= 1
+
+
+def test_an_interaction_kernel_passes_cases_that_cancel_and_one_off_by_a_little_of_the_terms_fails(
+        interaction_package, monkeypatch):
+    """Judged against float64 within a bound scaled by the terms (`runtime.judge`): the kernel passes every case,
+    large values and cancelling dot products among them, and so does PyTorch's own output; the same kernel off
+    by 3e-4 of its terms fails, and the failure names the kernel's, float64 and PyTorch's values and the bound."""
+    (good,) = check(interaction_package, cases=1, seed=3).results
+    assert good.status == "passed" and good.passed == good.cases == 7 and good.reference == "float64"
+    assert good.worst_ratio <= 1 and good.pytorch_worst_ratio <= 1 and good.worst_error > 0
+    real = check_mod._child_command
+    monkeypatch.setattr(check_mod, "_child_command",
+                        lambda *a: [sys.executable, "-c", OFF_BY_A_LITTLE, *real(*a)[3:]])
+    (off,) = check(interaction_package, cases=1, seed=3).results
+    assert off.status == "failed" and off.worst_ratio > 1, off.failure
+    assert re.search(r"kernel \S+, float64 \S+, PyTorch \S+; bound \S+ = atol \S+ \+ rtol \S+ x magnitude",
+                     off.failure), off.failure
 
 
 def test_swapped_kernel_files_fail_naming_the_kernel(copy, capsys):

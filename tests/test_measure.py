@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from autotune.measure import LocalRunner, Timing, mismatch
+from autotune.measure import LocalRunner, Timing
 from autotune.task import make_task
 
 
@@ -18,13 +18,6 @@ def test_measures_correct_candidates_and_flags_wrong_ones(cpu_builder):
             assert m.error_kind is None and len(m.costs) == 3 and all(c > 0 for c in m.costs)
         else:
             assert m.error_kind == "wrong" and "max abs error" in m.error and not m.costs
-
-
-def test_mismatch_reports_shape_and_value_differences():
-    task = make_task("templates.faulty", "cpu", shape="n=4")
-    assert mismatch(task, torch.ones(4), torch.ones(4)) is None
-    assert "shape" in mismatch(task, torch.ones(3), torch.ones(4))
-    assert "max abs error 1" in mismatch(task, torch.ones(4), torch.zeros(4))
 
 
 def test_a_task_whose_data_cannot_be_made_is_a_harness_error_for_each_candidate(cpu_builder):

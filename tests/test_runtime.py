@@ -224,10 +224,98 @@ def test_time_cuda_flushes_l2_before_every_call_and_excludes_the_flush():
     assert len(costs) == 5 and max(costs) < 2e-5 < min(work)
 
 
-def test_mismatch_names_shape_and_value_differences():
-    assert runtime.mismatch(torch.ones(3), torch.ones(3), 0, 0) is None
-    assert "shape" in runtime.mismatch(torch.ones(2), torch.ones(3), 0, 0)
-    assert "max abs error 2" in runtime.mismatch(torch.zeros(3), torch.full((3,), 2.0), 0, 0.5)
+def test_mismatch_names_shape_dtype_and_value_differences():
+    exact = runtime.Expected(torch.ones(3), 0, 0)
+    assert runtime.mismatch(torch.ones(3), exact) is None
+    assert "shape" in runtime.mismatch(torch.ones(2), exact)
+    assert "dtype torch.float64" in runtime.mismatch(torch.ones(3, dtype=torch.float64), exact)
+    why = runtime.mismatch(torch.zeros(3), runtime.Expected(torch.full((3,), 2.0), 0, 0.5))
+    assert "max abs error 2" in why and "kernel 0, PyTorch 2" in why and "bound 0.5" in why
+
+
+def test_the_native_rule_is_isclose_with_nans_and_infinities_where_pytorch_has_them():
+    inf, nan = float("inf"), float("nan")
+    ref = torch.tensor([1.0, inf, nan, 100.0])
+    exp = runtime.Expected(ref, 0.01, 0.0)
+    assert runtime.judge(torch.tensor([1.0, inf, nan, 101.0]), exp).ratio == pytest.approx(1.0)
+    for wrong in ([1.0, -inf, nan, 100.0], [1.0, inf, 0.0, 100.0], [nan, inf, nan, 100.0], [1.0, inf, nan, 102.0]):
+        assert runtime.judge(torch.tensor(wrong), exp).why is not None, wrong
+
+
+def _cancelling_dots(n: int = 64, scale: float = 1e3):
+    """Dot products of terms of size scale**2 that cancel to about 1e-3 of that, and PyTorch's fp32 result."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(32, n, generator=gen) * scale
+    b = torch.stack([a[:, 1::2], -a[:, 0::2]], dim=-1).flatten(1) + 1e-3 * scale * torch.randn(32, n, generator=gen)
+
+    def dot(a, b):
+        return (a * b).sum(-1)
+
+    return dot, a, b, dot(a, b)
+
+
+def test_the_float64_rule_bounds_error_by_the_terms_so_cancellation_fails_no_good_result():
+    dot, a, b, fp32 = _cancelling_dots()
+    f64 = runtime.float64_reference(dot, a, b)
+    assert f64.value.dtype == torch.float64
+    assert torch.equal(f64.magnitude, (a.double() * b.double()).abs().sum(-1))
+    exp = runtime.Expected(fp32, 1e-4, 0.0, f64)
+    good = runtime.judge(fp32, exp)  # fp32's own rounding, PyTorch's path as the kernel's
+    assert good.why is None and good.ratio == good.pytorch_ratio < 0.1 and good.error == good.pytorch_error > 0
+    relative_to_output = runtime.Expected(f64.value.float(), 1e-4, 0.0)  # the native rule's bound
+    assert runtime.mismatch(fp32, relative_to_output) is not None
+    off = fp32 + 3e-4 * f64.magnitude.float()  # off by 3e-4 of the terms: wrong, though small beside them
+    why = runtime.mismatch(off, exp)
+    assert why is not None and "float64" in why and "magnitude" in why and "PyTorch" in why
+
+
+def test_float64_reference_casts_floating_tensors_only_through_containers():
+    seen = []
+
+    def fn(w, idx, rows, scale=None):
+        seen.append((w.dtype, idx.dtype, [r.dtype for r in rows], scale.dtype))
+        return w[idx] * scale + sum(rows)
+
+    w, idx = torch.tensor([[-1.0, 2.0]]), torch.tensor([0, 0])
+    f64 = runtime.float64_reference(fn, w, idx, [torch.tensor([-3.0, 1.0])], scale=torch.tensor(-2.0))
+    assert seen[0] == (torch.float64, torch.int64, [torch.float64], torch.float64)
+    assert torch.equal(f64.value, torch.tensor([[-1.0, -3.0]] * 2, dtype=torch.float64))
+    assert torch.equal(f64.magnitude, torch.tensor([[5.0, 5.0]] * 2, dtype=torch.float64))
+
+
+def test_judge_takes_each_output_of_a_tuple_with_its_own_tolerance():
+    exp = runtime.Expected((torch.ones(2), torch.ones(2)), (0.0, 0.5), (0.0, 0.0))
+    assert runtime.mismatch((torch.ones(2), torch.full((2,), 1.4)), exp) is None
+    assert runtime.mismatch((torch.full((2,), 1.4), torch.ones(2)), exp).startswith("output 0: ")
+    assert "tuple of 2" in runtime.mismatch(torch.ones(2), exp)
+
+
+def test_a_float64_value_past_the_output_dtype_is_its_infinity():
+    """fp32 overflows where float64 does not: a correctly rounded output is inf there, as PyTorch's."""
+    big = torch.tensor([1e39], dtype=torch.float64)
+    out = torch.tensor([float("inf")])
+    exp = runtime.Expected(out.clone(), 1e-4, 0.0, runtime.Float64Reference(big, big))
+    assert runtime.judge(out, exp).why is None
+    assert runtime.judge(torch.tensor([3e38]), exp).why is not None
+
+
+def test_reference_precision_is_native_unless_a_template_names_float64():
+    import search_spaces
+
+    assert runtime.reference_precision(object()) == "native"
+    assert runtime.reference_precision(search_spaces.get("interaction")) == "float64"
+    with pytest.raises(ValueError, match="REFERENCE_PRECISION"):
+        runtime.reference_precision(type("T", (), {"REFERENCE_PRECISION": "float128"}))
+
+
+def test_task_data_judges_against_float64_where_the_template_says():
+    task = make_task("interaction", "cpu", batch=3, tables=2, dim=8)
+    data = runtime.TaskData(task.template, task.workload, 0, "cpu")
+    assert data.reference is data.expected.pytorch and data.expected.rtol == task.template.tolerance(task.workload)[0]
+    assert data.expected.float64.value.dtype == torch.float64
+    assert data.expected.float64.value.shape == data.reference.shape
+    eb = make_task("embedding_bag", "cpu", rows=20, dim=4, batch=3, pooling=(0, 3))
+    assert runtime.TaskData(eb.template, eb.workload, 0, "cpu").expected.float64 is None
 
 
 def test_the_runtime_imports_nothing_of_autotune_or_tvm():

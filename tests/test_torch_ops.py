@@ -723,8 +723,8 @@ def _replays(op):
 def test_replayed_calls_match_the_python_path_and_the_reference_on_every_case(loaded, op, fields):
     """Each of the binding's cases (`autotune check`'s: batch sizes, empty bags, edge indices...) three times:
     through the Python dispatch (recorded), replayed in grad mode and in inference mode: the replays are the
-    same kernel's bits, and within the template's tolerance of PyTorch's implementation."""
-    from autotune.runtime import mismatch
+    same kernel's bits, and pass the rule that judges kernels (`runtime.judge`)."""
+    from autotune.runtime import expected_call, mismatch
 
     task = make_task(op, "cpu", **fields)
     binding, kernel = at.ops.BINDINGS[task.template.NAME], getattr(torch.ops.autotune, task.template.NAME)
@@ -737,7 +737,8 @@ def test_replayed_calls_match_the_python_path_and_the_reference_on_every_case(lo
                 third = kernel(*args, **kwargs)
             torch.testing.assert_close(again, first, rtol=0, atol=0, msg=name)
             torch.testing.assert_close(third, first, rtol=0, atol=0, msg=name)
-            assert mismatch(again, binding.op(*args, **kwargs), *task.template.tolerance(task.workload)) is None, name
+            exp = expected_call(task.template, task.workload, binding.op, *args, **kwargs)
+            assert mismatch(again, exp) is None, name
     if _replayable(task):
         assert _replays(op) > before
     else:
@@ -776,7 +777,7 @@ def test_a_replayed_call_the_kernel_flags_raises_as_the_python_path_does(loaded)
 
 @needs_callpath
 def test_a_replayed_qmatmul_keeps_one_packing_per_weight_and_packs_an_updated_weight_anew(loaded):
-    from autotune.runtime import mismatch
+    from autotune.runtime import expected, mismatch
 
     qmm = search_spaces.get("qmatmul")
     w = qmm.Workload(m=8, k=32, n=32)
@@ -784,8 +785,7 @@ def test_a_replayed_qmatmul_keeps_one_packing_per_weight_and_packs_an_updated_we
     w2 = qmm_inputs(8, n=32, seed=1)[1]
 
     def agrees(weight):
-        return mismatch(QMM(a, weight, a_s, w_s, bias), qmm.reference(w, a, weight, a_s, w_s, bias),
-                        *qmm.tolerance(w)) is None
+        return mismatch(QMM(a, weight, a_s, w_s, bias), expected(qmm, w, a, weight, a_s, w_s, bias)) is None
 
     before = _replays("qmatmul")
     for _ in range(3):  # two layers of one shape: a plan each, both replayed

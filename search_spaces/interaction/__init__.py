@@ -15,8 +15,8 @@ from . import cpu, cuda
 from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
                        traffic)
 
-__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "REFERENCE_PRECISION", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines",
+           "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
            "torch_binding", "traffic"]
 
 NAME = "interaction"
@@ -25,6 +25,9 @@ DOC = ("DLRM interact_features: x and T embeddings -> cat([x, tril(Z = T T^T)]),
 EXAMPLE_SHAPE = "batch=2048,tables=26,dim=64"
 TEST_SHAPE = "batch=5,tables=3,dim=12"  # D not a multiple of the vector widths: the zero padding is exercised
 WEIGHTS: tuple[int, ...] = ()  # no model weights: both inputs are activations
+# judged against the reference in float64, the bound scaled by each output's sum |x_i y_i| (runtime.judge): dot
+# products of large terms cancel, and fp32 rounding, PyTorch's as much as a kernel's, scales with the terms
+REFERENCE_PRECISION = "float64"
 
 
 space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py

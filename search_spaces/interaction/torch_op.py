@@ -17,7 +17,7 @@ from .._torch_checks import fits, need, same_device_contiguous
 from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
 from .workload import Workload, dot_interaction, inputs
 
-__all__ = ["BINDING", "DotInteraction", "check", "interaction"]
+__all__ = ["BINDING", "DotInteraction", "check", "interaction", "quarter_turn"]
 
 OP = "interaction"
 
@@ -83,21 +83,37 @@ def describe(signature: tuple[Any, ...]) -> str:
 
 
 def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    """The tuned batch, batch 1 and one past it, zeros, large values, and `count` random batches."""
+    """The tuned batch, batch 1 and one past it, zeros, large values, large terms whose dot products cancel, and
+    `count` random batches."""
     if w.mode != "dot":  # the op computes the dot interaction only: a cat kernel serves no call of it
         return []
 
-    def call(name: str, batch: int, s: int, scale: float = 1.0) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    def call(name: str, batch: int, s: int, scale: float = 1.0,
+             cancel: bool = False) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         x, ly = inputs(dataclasses.replace(w, batch=batch), s)
+        if cancel:
+            ly = quarter_turn(x).unsqueeze(1) + 1e-3 * ly
         return name, (x * scale, ly * scale), {"self_interaction": w.self_interaction}
 
     rng = random.Random(seed)
     out = [call(f"tuned batch {w.batch}", w.batch, seed), call("batch 1", 1, seed + 1),
            call(f"batch {w.batch + 1}", w.batch + 1, seed + 2), call("zeros", w.batch, seed, 0.0),
-           call("values of magnitude 1e3", w.batch, seed + 3, 1e3)]
+           call("values of magnitude 1e3", w.batch, seed + 3, 1e3),
+           call("cancelling dot products of magnitude 1e3", w.batch, seed + 4, 1e3, cancel=True)]
     for i in range(count):
         batch = rng.randint(1, 2 * w.batch + 8)
         out.append(call(f"random batch {batch} (seed {seed + 10 + i})", batch, seed + 10 + i))
+    return out
+
+
+def quarter_turn(v: Tensor) -> Tensor:
+    """`v` turned a quarter in each plane of its coordinates (2i, 2i+1), an odd last one zeroed: orthogonal to v,
+    so v . (quarter_turn(v) + a small e) = v . e is small beside the sum of its terms' sizes. Dot products that
+    cancel so: their rounding error is large beside the result and small beside the terms."""
+    out = torch.zeros_like(v)
+    n = v.shape[-1] // 2 * 2
+    out[..., 0:n:2] = v[..., 1:n:2]
+    out[..., 1:n:2] = -v[..., 0:n:2]
     return out
 
 

@@ -13,7 +13,8 @@ import torch
 
 import search_spaces
 from autotune.build import compile_module
-from autotune.runtime import BoundKernel, mismatch, nth_tolerance
+from autotune.runtime import (FLOAT64, BoundKernel, expected, expected_call, judge, mismatch, nth_tolerance,
+                              reference_precision)
 from autotune.targets import resolve
 from autotune.task import make_task
 from search_spaces import InvalidConfig, Template, TorchBinding, Traffic, WorkloadError
@@ -34,6 +35,7 @@ def test_template_provides_the_protocol(op):
     assert not missing, f"{op} lacks {missing}"
     assert tpl.NAME == op
     assert all(isinstance(i, int) for i in tpl.WEIGHTS)
+    reference_precision(tpl)  # a known rule, or none (native)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -68,12 +70,28 @@ def test_default_and_sampled_configs_match_the_reference(op):
     rng = random.Random(7)
     configs = [space.default(), *(space.sample(rng) for _ in range(2))]
     inputs = task.template.inputs(task.workload, 1)
-    ref = task.template.reference(task.workload, *inputs)
-    rtol, atol = task.template.tolerance(task.workload)
+    exp = expected(task.template, task.workload, *inputs)
     for cfg in dict.fromkeys(configs):
         func = compile_module(task, cfg)["main"]
         out = BoundKernel(task.template, task.workload, cfg, func, on_gpu=False)(*inputs)
-        assert mismatch(out, ref, rtol, atol) is None, f"{op} {cfg}: {mismatch(out, ref, rtol, atol)}"
+        assert mismatch(out, exp) is None, f"{op} {cfg}: {mismatch(out, exp)}"
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if reference_precision(search_spaces.get(op)) == FLOAT64])
+def test_the_float64_rule_holds_for_pytorch_and_its_magnitude_bounds_the_value(op):
+    """A template judged against float64 (`runtime.judge`): on its inputs and every `autotune check` case, the
+    magnitude bounds |value| (the reference sums products of its floating inputs, as the rule assumes) and
+    PyTorch's own output passes the bound its kernels must meet."""
+    tpl, w = search_spaces.get(op), _task(op).workload
+    binding = tpl.torch_binding()
+    calls = [(tpl.reference, (w, *tpl.inputs(w, 5)), {})]
+    calls += [(binding.op, args, kwargs) for _, args, kwargs in (binding.cases(w, 5, 2) if binding else ())]
+    for fn, args, kwargs in calls:
+        exp = expected_call(tpl, w, fn, *args, **kwargs)
+        values, magnitudes = (exp.float64.value, exp.float64.magnitude)
+        for value, magnitude in zip(*(x if isinstance(x, tuple) else (x,) for x in (values, magnitudes))):
+            assert value.dtype == torch.float64 and bool((magnitude >= value.abs() * (1 - 1e-12)).all())
+        assert judge(exp.pytorch, exp).why is None
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -108,11 +126,10 @@ def test_timed_input_sets_are_calls_the_kernel_must_serve(op):
     assert len(sets) > 1 and all(a is b for a, b in zip(sets[0], inputs))
     cfg = task.space.default()
     bound = BoundKernel(tpl, w, cfg, compile_module(task, cfg), False)
-    rtol, atol = tpl.tolerance(w)
     for s in sets[:4]:
         assert all(s[i] is inputs[i] for i in tpl.WEIGHTS)
         tpl.check_inputs(w, *s)
-        assert mismatch(bound(*s), tpl.reference(w, *s), rtol, atol) is None
+        assert mismatch(bound(*s), expected(tpl, w, *s)) is None
     assert len(tpl.timed_inputs(w, 4, inputs, 0)) == 1  # no cache to leave: one set
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autotune.build import compile_module
+from autotune.runtime import BoundKernel, Expected, expected_call, mismatch
 from autotune.task import make_task
 from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
@@ -158,6 +159,27 @@ def test_kernel_serves_other_batch_sizes_than_tuned():
         args, out = it.kernel_args(w, task.space.default(), (), x, ly)
         func(*args)
         close(out, it.reference(w, x, ly), w)
+
+
+def test_check_cases_of_large_terms_pass_a_correct_kernel_and_fail_one_off_by_a_little_of_the_terms():
+    """`autotune check`'s cases of large values and of dot products that cancel, judged as every check judges a
+    kernel (`runtime.judge`: against float64, within a bound scaled by the terms): the default kernel passes
+    both, a kernel off by 3e-4 of the terms fails. Relative to the output, even PyTorch's fp32 fails the
+    cancelling case: the case is one that a bound of that kind gets wrong."""
+    task = make_task("interaction", "cpu", batch=16, tables=8, dim=64)
+    w, cfg = task.workload, task.space.default()
+    kernel = BoundKernel(it, w, cfg, compile_module(task, cfg)["main"], on_gpu=False)
+    binding = it.torch_binding()
+    cases = {name: (args, kwargs) for name, args, kwargs in binding.cases(w, 0, 0)}
+    for name in ("values of magnitude 1e3", "cancelling dot products of magnitude 1e3"):
+        args, kwargs = cases[name]
+        exp = expected_call(it, w, binding.op, *args, **kwargs)
+        out = kernel(*args)
+        assert mismatch(out, exp) is None, name
+        why = mismatch(out + 3e-4 * exp.float64.magnitude.float(), exp)
+        assert why is not None and "float64" in why and "magnitude" in why, name
+    relative_to_output = Expected(exp.float64.value.float(), exp.rtol, exp.atol)  # the native rule's bound
+    assert mismatch(exp.pytorch, relative_to_output) is not None
 
 
 def test_kernel_is_fused_without_batch_sized_intermediates():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autotune.build import compile_module
-from autotune.runtime import mismatch
+from autotune.runtime import expected, mismatch
 from autotune.task import make_task
 from cuda_emulator import cuda_source, emulate_cuda
 from gpu_build import assert_built_within_limits
@@ -39,12 +39,12 @@ SHAPES = [
 def test_matches_quantize_rows_of_qmatmul_for_default_and_random_configs(shape):
     task = make_task("qmatmul_requant", "cpu", shape=shape)
     tensors = rq.inputs(task.workload, seed=1)
-    ref = rq.reference(task.workload, *tensors)
-    rtol, atol = rq.tolerance(task.workload)
+    exp = expected(rq, task.workload, *tensors)
+    ref = exp.pytorch
     for cfg in sampled(task, 3, seed=len(shape)):
         q, scale = run(task, cfg, tensors)
         assert q.dtype == torch.int8 and q.shape == ref[0].shape and scale.shape == ref[1].shape
-        assert mismatch((q, scale), ref, rtol, atol) is None, f"{cfg}: {mismatch((q, scale), ref, rtol, atol)}"
+        assert mismatch((q, scale), exp) is None, f"{cfg}: {mismatch((q, scale), exp)}"
         assert int(q.abs().max()) == task.workload.out_qmax  # each row's max maps to the range's end
 
 
@@ -146,5 +146,4 @@ def test_cuda_kernels_match_the_reference_when_emulated(fields, change):
     tensors = rq.inputs(w, seed=4)
     cfg = task.space.make({**task.space.default().to_json(), **change})
     out = run_emulated(task, cfg, tensors)
-    rtol, atol = rq.tolerance(w)
-    assert mismatch(out, rq.reference(w, *tensors), rtol, atol) is None, str(cfg)
+    assert mismatch(out, expected(rq, w, *tensors)) is None, str(cfg)

@@ -265,17 +265,20 @@ def test_quant_linear_quantizes_its_input_in_the_kernel(pkg):
     torch.testing.assert_close(y.reshape(8, 16), want, rtol=1e-5, atol=1e-5)
 
 
-def test_autotune_check_compares_every_tensor_of_a_tuple_output():
-    from autotune.check import _compare
+def test_the_rule_that_judges_kernels_takes_every_tensor_of_a_tuple_output_exactly():
+    """`runtime.judge`, as `autotune check` and the tuner use it: quantize_rows is judged by the native rule
+    with tolerance zero, each of its two outputs."""
+    from autotune.runtime import Judgement, expected, judge
 
     x = half_boundaries(4, 32, 0, random_scales=True)
-    q, s = qr.reference(W, x)
-    assert _compare((q, s), (q, s), 0.0, 0.0) == (0.0, 0.0, None)
+    exact = expected(qr, W, x)
+    q, s = exact.pytorch
+    assert exact.float64 is None and judge((q, s), exact) == Judgement(0.0, 0.0)
     off = q.clone()
     off[2, 5] += 1
-    assert "output 0: error 1 at flat index 69" in _compare((off, s), (q, s), 0.0, 0.0)[2]
-    assert "output 1" in _compare((q, s * 2), (q, s), 0.0, 0.0)[2]
-    assert "not 2 tensors" in _compare(q, (q, s), 0.0, 0.0)[2]
+    assert "output 0: error 1 at flat index 69" in judge((off, s), exact).why
+    assert "output 1" in judge((q, s * 2), exact).why
+    assert "not a tuple of 2 tensors" in judge(q, exact).why
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------------------
