@@ -180,9 +180,11 @@ def current(records: Iterable[Record], include_stale: bool = False) -> list[Reco
     return out
 
 
-def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str | None = None) -> int:
+def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str | None = None,
+          from_version: str | None = None) -> int:
     """Mark `op`'s records of one device kind ("cpu", "cuda") in `path` as measured with template `version`
-    (default: the current one), rewriting the log atomically; returns how many were retagged.
+    (default: the current one), rewriting the log atomically; returns how many were retagged. `from_version`
+    retags only the records of that version (those the refactor's old code was current for), not older ones.
 
     For maintainers, after proving a refactor leaves the generated code unchanged; never while a tuner writes
     to the log. Other records, and lines that do not parse, are kept byte for byte.
@@ -196,7 +198,7 @@ def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str 
         except (ValueError, TypeError, KeyError):
             out.append(line)
             continue
-        if r.op != op or r.device.split(":")[0] != device_kind:
+        if r.op != op or r.device.split(":")[0] != device_kind or from_version not in (None, r.template_version):
             out.append(line)
             continue
         tag = version if version is not None else current_version(r.op, r.device)

@@ -135,6 +135,9 @@ def test_retag_rewrites_one_op_and_device_kind_and_keeps_everything_else(tmp_pat
     assert (log.stat().st_mode & 0o777) == 0o640 and sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
     assert records.retag(log, FAULTY, "cuda", version="feedc0ffee00") == 1
     assert Record.from_json(log.read_text().splitlines()[3]).template_version == "feedc0ffee00"
+    assert records.retag(log, FAULTY, "cuda", version="0123456789ab", from_version="another") == 0
+    assert records.retag(log, FAULTY, "cuda", version="0123456789ab", from_version="feedc0ffee00") == 1
+    assert Record.from_json(log.read_text().splitlines()[3]).template_version == "0123456789ab"
 
 
 def test_best_pools_every_measurement_of_a_config():
