@@ -27,7 +27,7 @@ skip_moduleless_frames()
 
 
 # ---- tests of a part of the install fail where it is missing; a skip is for a missing device ---------------
-ALLOW_MISSING = "AUTOTUNE_TEST_ALLOW_MISSING"  # e.g. "callpath,onednn": parts a local run may skip; never in CI
+ALLOW_MISSING = "AUTOTUNE_TEST_ALLOW_MISSING"  # "callpath,onednn,g++": parts a local run may skip; never in CI
 
 
 def in_ci() -> bool:
