@@ -55,13 +55,19 @@ def _rows(recs: Sequence[records.Record], op: str, device: str, feature_set: str
     return ts, kept
 
 
+def usable(recs: Sequence[records.Record]) -> list[records.Record]:
+    """The records every feature set can learn from: measured, with program features of the current version."""
+    return [r for r in recs if r.ok and r.features and r.features_version == PROGRAM_FEATURES_VERSION]
+
+
 def evaluate(recs: Sequence[records.Record], op: str, device: str, repeats: int = 5,
-             include_stale: bool = False) -> dict[str, Any]:
-    """Figures of every feature set on one operator's records of one device (see the module doc)."""
-    usable = [r for r in recs if r.ok and r.features and r.features_version == PROGRAM_FEATURES_VERSION]
-    out: dict[str, Any] = {"op": op, "device": device, "records": len(usable), "shapes": 0, "sets": {}}
-    for fs in FEATURE_SETS:
-        ts, kept = _rows(usable, op, device, fs, include_stale)
+             include_stale: bool = False, feature_sets: Sequence[str] = FEATURE_SETS) -> dict[str, Any]:
+    """Figures of each feature set (every one by default) on one operator's records of one device (see the
+    module doc); deterministic for given records (seeded splits, a seeded single-threaded XGBoost)."""
+    kept_records = usable(recs)
+    out: dict[str, Any] = {"op": op, "device": device, "records": len(kept_records), "shapes": 0, "sets": {}}
+    for fs in feature_sets:
+        ts, kept = _rows(kept_records, op, device, fs, include_stale)
         if len(kept) < 10:
             continue
         columns, x = ts.matrix()

@@ -178,6 +178,13 @@ def test_a_crashing_or_hanging_kernel_fails_alone(copy, monkeypatch):
     assert report.results[1].status == "passed"  # the other kernel still ran, in its own child
     hang = check_mod._isolated([sys.executable, "-c", "import time; print('AUTOTUNE-CHECK-CASE empty bags', "
                                                       "flush=True); time.sleep(60)"], timeout=2)
+    assert hang["failure"].startswith("timed out after 2 s")  # (its case too, unless starting it took 2 s)
+    # the case a hang is named by, from the output it left (bytes, as subprocess.run's timeout hands them over)
+    def times_out(cmd, **kw):
+        raise check_mod.subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"AUTOTUNE-CHECK-CASE empty bags\n")
+
+    monkeypatch.setattr(check_mod.subprocess, "run", times_out)
+    hang = check_mod._isolated(["child"], timeout=2)
     assert hang["failure"] == "timed out after 2 s in case empty bags" and hang["cases"] == 1
 
 

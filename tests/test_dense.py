@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import requires_build
 import torch.nn.functional as F
 from torch import nn
 
@@ -12,7 +13,10 @@ from autotune.torch import dense
 from autotune.torch.graph import capture, collect_rules, example_values
 from search_spaces.template import GraphMatch
 
-pytestmark = pytest.mark.skipif(not dense.available(), reason="this PyTorch build has no oneDNN")
+pytestmark = requires_build(
+    "onednn", lambda: dense.available(),
+    "torch.ops.mkldnn._linear_pointwise (oneDNN's fused linear, in PyTorch's x86 and Arm CPU builds) is not "
+    "there: without it dense_linear is only F.linear; if a PyTorch upgrade moved the op, follow it in dense.py")
 op = torch.ops.autotune.dense_linear.default
 
 

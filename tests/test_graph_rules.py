@@ -22,7 +22,6 @@ from search_spaces.template import GraphMatch, Kept
 pytestmark = pytest.mark.filterwarnings("ignore::autotune.torch.ops.NoTunedKernelWarning")
 
 aten = torch.ops.aten
-HAS_TBE = hasattr(torch.ops.autotune, "batched_embedding_bag")
 
 
 def rule(op: str):
@@ -257,7 +256,6 @@ def _table_inputs(batch: int):
     return tuple(out)
 
 
-@pytest.mark.skipif(not HAS_TBE, reason="torch.ops.autotune.batched_embedding_bag is not registered yet (helper C)")
 def test_bags_feeding_one_cat_become_one_batched_launch_read_in_place():
     model = Tables()
     args = _table_inputs(6)
@@ -282,7 +280,6 @@ def test_bags_feeding_one_cat_become_one_batched_launch_read_in_place():
             assert close(got, want)
 
 
-@pytest.mark.skipif(not HAS_TBE, reason="torch.ops.autotune.batched_embedding_bag is not registered yet (helper C)")
 def test_batched_tables_stay_one_copy_in_memory():
     model = Tables()
     args = _table_inputs(6)
@@ -304,7 +301,6 @@ def test_batched_tables_stay_one_copy_in_memory():
     assert torch.equal(fused[50 + 3], model.embs[0].weight[3])
 
 
-@pytest.mark.skipif(not HAS_TBE, reason="torch.ops.autotune.batched_embedding_bag is not registered yet (helper C)")
 def test_a_second_rewrite_reuses_the_one_table_buffer_and_the_tables_train():
     model = Tables()
     args = _table_inputs(6)

@@ -1,7 +1,8 @@
-"""The wheel ships the pre-tuned records (logs/) where `records.shipped_logs` finds them once installed.
+"""The wheel ships the pre-tuned records (logs/) where `records.shipped_logs` finds them once installed, and
+installed in a fresh virtual environment it serves the torch ops.
 
 Builds the wheel from a copy of the source tree (a stale build/ of the checkout cannot leak into it) without
-build isolation (offline, seconds), installs it into a directory and asks a fresh interpreter there.
+build isolation (offline, seconds), installs it into a directory or a new venv and asks a fresh interpreter there.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -80,3 +82,51 @@ def test_this_checkout_finds_the_repository_logs():
     for rel in SHIPPED:
         (path,) = records.shipped_logs(rel.stem, f"{rel.parts[0]}:any-model")
         assert path.resolve() == (ROOT / "logs" / rel).resolve()
+
+
+def _venv_with_this_environments_packages(path: Path) -> Path:
+    """A new venv (`--system-site-packages`) that also sees this interpreter's own site-packages, where torch and
+    TVM are installed when this is itself a venv (as `make install`'s .venv): appended to sys.path by a .pth
+    file, after the new venv's own site-packages, and as plain paths, so that the .pth files there (this
+    checkout's editable install among them) are not run. Its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(path)], check=True, timeout=300)
+    python = path / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (Path(site) / "zz_this_environment.pth").write_text("".join(f"{p}\n" for p in ours))
+    return python
+
+
+def test_the_wheel_installed_in_a_fresh_venv_serves_a_torch_op(wheel, tmp_path):
+    """pip installs the wheel into a new venv; a fresh interpreter there (no PYTHONPATH, not in this checkout)
+    imports the installed autotune.torch and calls torch.ops.autotune.embedding_bag with no kernel loaded
+    (PyTorch's path), through the compiled call path where this checkout's builds (callpath.cpp is shipped)."""
+    python = _venv_with_this_environments_packages(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    run = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--ignore-installed", "-q", str(wheel)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert run.returncode == 0, run.stderr
+    code = """if True:
+        import json, torch, torch.nn.functional as F
+        import autotune, autotune.torch as at
+        g = torch.Generator().manual_seed(0)
+        weight = torch.randn(40, 8, generator=g)
+        indices = torch.randint(0, 40, (12,), generator=g)
+        offsets = torch.tensor([0, 3, 3, 7])  # an empty bag among them
+        out = torch.ops.autotune.embedding_bag(weight, indices, offsets)
+        ref = F.embedding_bag(indices, weight, offsets, mode="sum")
+        print(json.dumps({"autotune": autotune.__file__, "torch": torch.__file__, "close": torch.allclose(out, ref),
+                          "shape": list(out.shape), "callpath": at.callpath.load() is not None}))
+    """
+    got = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)
+    assert got.returncode == 0, got.stderr
+    result = json.loads(got.stdout.strip().splitlines()[-1])
+    assert Path(result["autotune"]).is_relative_to(tmp_path / "venv")  # the installed copy, not this checkout
+    assert not Path(result["autotune"]).is_relative_to(ROOT)
+    assert result["close"] and result["shape"] == [4, 8]
+    import autotune.torch as at
+
+    assert result["callpath"] == (at.callpath.load() is not None)  # the shipped callpath.cpp builds as the source's

@@ -26,27 +26,44 @@ def test_check_and_time_accepts_correct_kernels_and_flags_wrong_ones():
     assert outcomes["wrong"][:2] == ((), "wrong")
 
 
-def test_check_and_time_times_exactly_the_bound_call():
-    """What is timed is `bound(*inputs)`, the user's call: a slower call path is a slower record."""
+def test_check_and_time_times_exactly_the_bound_call(monkeypatch):
+    """What is timed is `bound(*inputs)`, the user's call: a slower call path is a slower record. The clock is
+    a fake that only the bound call moves (by its `tick`), so each cost is exactly one call's tick: nothing
+    else is inside the timer, and the count divides it right, however busy the machine is."""
     task = make_task("templates.faulty", "cpu", shape="n=64")
     cfg = next(c for c in task.space if c.as_dict()["fault"] == "none")
     data = runtime.TaskData(task.template, task.workload, 0, "cpu")
     func = compile_module(task, cfg)["main"]
     timing = runtime.Timing(number=1, repeat=3, min_repeat_ms=5)
+    clock = _Clock()
+    monkeypatch.setattr(runtime, "time", clock)
 
-    class Slow(runtime.BoundKernel):
-        calls = 0
+    class Ticking(runtime.BoundKernel):
+        tick, calls = 0.0, 0
 
         def __call__(self, *tensors):
-            Slow.calls += 1
-            end = runtime.time.perf_counter() + 2e-4
-            while runtime.time.perf_counter() < end:
-                pass
+            Ticking.calls += 1
+            clock.now += Ticking.tick
             return super().__call__(*tensors)
 
-    fast, _, _ = runtime.check_and_time(data, data.bind(cfg, func), timing)
-    slow, _, _ = runtime.check_and_time(data, Slow(task.template, task.workload, cfg, func, False), timing)
-    assert min(slow) >= 2e-4 > max(fast) and Slow.calls > 3 * 5
+    costs = {}
+    for tick in (1e-5, 2e-4):
+        Ticking.tick, Ticking.calls = tick, 0
+        costs[tick], kind, _ = runtime.check_and_time(data, Ticking(task.template, task.workload, cfg, func, False),
+                                                      timing)
+        assert kind is None and costs[tick] == pytest.approx((tick,) * 3)
+        assert Ticking.calls >= 1 + 4 * round(5e-3 / tick)  # the check, a warm-up and 3 repeats of 5 ms each
+    assert min(costs[2e-4]) > max(costs[1e-5])
+
+
+class _Clock:
+    """A fake `time` module for runtime: `perf_counter()` reads `now`, which only the test moves."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
 
 
 def test_timed_calls_cycle_through_the_templates_input_sets():
@@ -163,10 +180,18 @@ def test_a_new_weight_at_a_freed_address_is_packed_anew():
     assert len(tpl.packed) == 2
 
 
-def test_time_cpu_lengthens_repeats_to_the_minimum_duration():
+def test_time_cpu_lengthens_repeats_to_the_minimum_duration(monkeypatch):
+    """A call of 10 us (on a fake clock) needs 500 calls to last a repeat of 5 ms: the warm-up and each repeat."""
+    clock = _Clock()
+    monkeypatch.setattr(runtime, "time", clock)
     calls = []
-    costs = runtime.time_cpu(lambda: calls.append(1), runtime.Timing(number=1, repeat=2, min_repeat_ms=5))
-    assert len(costs) == 2 and len(calls) > 100  # a no-op needs many calls to last 5 ms
+
+    def call():
+        calls.append(1)
+        clock.now += 1e-5
+
+    costs = runtime.time_cpu(call, runtime.Timing(number=1, repeat=2, min_repeat_ms=5))
+    assert costs == pytest.approx([1e-5, 1e-5]) and len(calls) >= 3 * 500
 
 
 class _SwingingMachine:

@@ -331,7 +331,6 @@ def test_records_of_another_template_version_do_not_hit(tmp_path, faulty):
     assert runner.calls == [[cfgs[0].key()]] and m.costs == (1e-6,)
 
 
-@pytest.mark.skipif("features" not in {f.name for f in dataclasses.fields(Built)}, reason="no Built.features yet")
 def test_a_hit_carries_the_program_features_of_its_build(tmp_path, faulty):
     task, cfgs = faulty
 

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import load_counting
+from conftest import load_counting, requires_build
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -703,7 +703,10 @@ def test_each_bindings_cases_are_calls_its_kernel_serves(op):
 
 
 # ---- the compiled call path (callpath.cpp): later calls of the same metadata replay the first one's decision -
-needs_callpath = pytest.mark.skipif(at.callpath.load() is None, reason="no compiled call path (no C++ compiler)")
+needs_callpath = requires_build(
+    "callpath", lambda: at.callpath.load() is not None,
+    "the compiled call path (autotune/torch/callpath.cpp) did not load: it needs a C++ compiler (CXX, else c++), "
+    "which `make install` uses to build it, and AUTOTUNE_CALLPATH unset or =compiled")
 
 
 @pytest.fixture()

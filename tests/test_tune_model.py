@@ -286,13 +286,31 @@ def test_replacements_slower_alone_are_wired_in_when_the_whole_model_is_faster_w
     assert "whole-model check, relu: the model takes 7 ms with its replacements, 10 ms without: wired in" in str(report)
 
 
+class _LaggingClock:
+    """runtime's `time` for the tests of the speed check's real timer: the real clock plus `lag`, which a test's
+    code moves instead of sleeping. A second of lag per call cannot be mistaken for a busy machine's noise."""
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.lag
+
+
+_CLOCK = _LaggingClock()
+
+
 def _slow_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    time.sleep(0.002)
+    _CLOCK.lag += 1.0
     return torch.sigmoid(x)
 
 
-def test_the_speed_check_times_the_real_code_and_keeps_a_slower_replacement(model):
-    """No timer patched: a replacement that sleeps 2 ms per call against one sigmoid on 8 values."""
+def test_the_speed_check_times_the_real_code_and_keeps_a_slower_replacement(model, monkeypatch):
+    """The timer unpatched, its clock a second ahead for each call of the replacement (a sigmoid on 8 values
+    otherwise): the speed check times the real code, and keeps the slower replacement out."""
+    from autotune import runtime
+
+    monkeypatch.setattr(runtime, "time", _CLOCK)
     args = make_batch(model, BATCH)
     gm = G.capture(model, args)
     rule = node_rule("slow", aten.sigmoid.default, lambda gm, n: gm.graph.call_function(_slow_sigmoid, n.args))
@@ -300,11 +318,12 @@ def test_the_speed_check_times_the_real_code_and_keeps_a_slower_replacement(mode
     (kept,) = done.kept
     assert done.replaced == [] and kept.why.startswith("not faster: ")
     new_ms = float(kept.why.split()[2])
-    assert new_ms >= 2.0 and _slow_sigmoid not in _graph_ops(gm)
+    assert new_ms >= 1000.0 and _slow_sigmoid not in _graph_ops(gm)
 
 
-def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model):
+def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model, monkeypatch):
     """The interaction's nodes as one subgraph: it reads x and the 3 embeddings and recomputes the rest."""
+    from autotune import runtime
     from autotune.torch import speed
 
     args = make_batch(model, BATCH)
@@ -319,8 +338,13 @@ def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model):
     assert [v for v in sub.values if not isinstance(v, torch.Tensor)] == [BATCH]  # the graph's batch symbol
     (out,) = sub()
     assert torch.equal(out, interp.env[nodes[-1]])
-    old, new = speed.time_pair(lambda: None, lambda: time.sleep(0.001), G.SpeedCheck(rounds=2, seconds=0.01))
-    assert new >= 1e-3 > old
+    monkeypatch.setattr(runtime, "time", _CLOCK)
+
+    def lagging() -> None:
+        _CLOCK.lag += 1.0
+
+    old, new = speed.time_pair(lambda: None, lagging, G.SpeedCheck(rounds=2, seconds=0.01))
+    assert new >= 1.0 > old
 
 
 def test_rewrite_refuses_what_ready_refuses_and_overlapping_matches(model):

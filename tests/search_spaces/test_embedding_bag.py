@@ -9,10 +9,11 @@ emulator of tests/cuda_emulator.py.
 
 import math
 import random
-import shutil
+import zlib
 from dataclasses import replace
 
 import pytest
+from conftest import needs_gxx
 import torch
 import torch.nn.functional as F
 import tvm
@@ -54,7 +55,7 @@ def run(task, cfg, *tensors):
 def test_matches_torch_for_default_and_random_configs(case):
     # pooling from 0 gives empty bags; dim 24 is not a multiple of the 16-lane option
     task = make_task("embedding_bag", "cpu", rows=50, dim=24, batch=13, pooling=(0, 7), **CASES[case])
-    rng = random.Random(hash(case) % 1000)
+    rng = random.Random(zlib.crc32(case.encode()))  # not hash(): salted per process, so irreproducible
     configs = {task.space.default()} | {task.space.sample(rng) for _ in range(2)}
     tensors = eb.inputs(task.workload, seed=3)
     ref = eb.reference(task.workload, *tensors)
@@ -390,7 +391,7 @@ def test_gpu_schedule_numerics_on_its_cpu_twin(case):
                                        msg=lambda m: f"{cfg} batch {batch}: {m}")
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+@needs_gxx
 def test_gpu_kernel_shuffling_among_the_bags_of_a_warp_matches_torch_when_emulated():
     """The generated CUDA C itself (what the CPU twin cannot check): groups of 8 lanes, so a warp holds 4 bags
     whose lengths differ, each group broadcasting its indices and weights by shuffles under its own mask

@@ -2,10 +2,10 @@
 
 import random
 import re
-import shutil
 from types import SimpleNamespace
 
 import pytest
+from conftest import needs_gxx
 import torch
 
 from autotune.build import compile_module
@@ -400,6 +400,7 @@ def test_check_inputs_wants_one_device_and_outputs_follow_it():
     assert out.device == x.device and out.shape == (3, w.out_dim)
 
 
+@needs_gxx
 @pytest.mark.parametrize("fields, batch, changes", [
     (GPU_SMALL | {"batch": 6}, 6, [{}, dict(staging="none", output="direct", pair_tile=3, dot_lanes=1)]),
     # the DLRM shape's F and D, and a larger batch than tuned: the blocks loop over further groups of samples
@@ -411,8 +412,6 @@ def test_check_inputs_wants_one_device_and_outputs_follow_it():
 ], ids=["small", "dlrm-grid-stride", "self-dim12", "F2-dim5", "cat"])
 def test_cuda_kernels_match_the_reference_when_emulated(fields, batch, changes):
     """The default config and configs that change the knobs with their own code paths."""
-    if shutil.which("g++") is None:
-        pytest.skip("the CUDA emulator needs g++")
     task = make_task("interaction", "cuda:sm_90", **fields)
     w = it.Workload(**{**task.workload.to_json(), "batch": batch})
     x, ly = it.inputs(w, seed=batch)

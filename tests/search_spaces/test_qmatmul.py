@@ -2,9 +2,9 @@
 
 import random
 import re
-import shutil
 
 import pytest
+from conftest import cpu_flags, needs_gxx
 import torch
 
 from autotune.build import compile_module
@@ -50,11 +50,16 @@ def test_matches_reference_for_default_and_random_configs(shape):
         torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, msg=str(cfg))
 
 
+# /proc/cpuinfo's flags each intrinsic needs (the space asks LLVM: avx2, avx512vnni + avx512bw)
+CPU_FLAGS_OF = {"none": set(), "avx2": {"avx2"}, "avx2_u7": {"avx2"}, "vnni": {"avx512_vnni", "avx512bw"}}
+
+
 @pytest.mark.parametrize("intrinsic", ["none", "avx2", "vnni"])
 def test_int32_accumulation_is_exact_for_every_available_intrinsic(intrinsic):
-    task = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0")
-    if intrinsic not in [c.as_dict()["intrinsic"] for c in task.space]:
+    if not CPU_FLAGS_OF[intrinsic] <= cpu_flags():  # the CPU's flags decide, not the space under test
         pytest.skip(f"this CPU has no {intrinsic} path")
+    task = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0")
+    assert intrinsic in [c.as_dict()["intrinsic"] for c in task.space], f"the space lacks {intrinsic} on this CPU"
     w = task.workload
     a, weight, _, _ = qm.inputs(w, seed=2)
     a[0, :] = -128  # extremes: -128 * -128 must not saturate anywhere
@@ -70,8 +75,9 @@ def test_7bit_activations_get_the_u8_avx2_path_and_it_is_exact_at_the_range_ends
     full = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0")
     task = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0,a_bits=7")
     assert "avx2_u7" not in {c.as_dict()["intrinsic"] for c in full.space}  # it would saturate on 8 bits
-    if "avx2_u7" not in {c.as_dict()["intrinsic"] for c in task.space}:
+    if not CPU_FLAGS_OF["avx2_u7"] <= cpu_flags():
         pytest.skip("this CPU has no AVX2")
+    assert "avx2_u7" in {c.as_dict()["intrinsic"] for c in task.space}, "the space lacks avx2_u7 on an AVX2 CPU"
     w = task.workload
     a, weight, _, _ = qm.inputs(w, seed=2)
     assert a.min() >= -64 and a.max() <= 63 and a.min() < -50  # inputs of the workload use its range
@@ -104,9 +110,10 @@ def test_pack_layout_puts_nb_channels_by_kb_reductions_side_by_side():
 
 def test_vnni_compensation_restores_signed_activations():
     task = make_task("qmatmul", "cpu", shape="m=4,k=8,n=16")
-    vnni = [c for c in task.space if c.as_dict()["intrinsic"] == "vnni"]
-    if not vnni:
+    if not CPU_FLAGS_OF["vnni"] <= cpu_flags():
         pytest.skip("no VNNI on this CPU")
+    vnni = [c for c in task.space if c.as_dict()["intrinsic"] == "vnni"]
+    assert vnni, "the space lacks vnni on a CPU with AVX-512 VNNI"
     weight = torch.randint(-128, 128, (16, 8), dtype=torch.int8)
     _, comp = qm.pack(task.workload, vnni[0], weight)
     assert torch.equal(comp[:16], 128 * weight.int().sum(1)) and not comp[16:].any()  # padded channels: 0
@@ -313,7 +320,7 @@ def run_emulated(task, cfg, tensors):
     return out
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+@needs_gxx
 @pytest.mark.parametrize("fields, changes", [
     # tensor cores: the default (one 64x64 warp), four warps with prefetching off, one K slice of 128
     (dict(m=64, k=128, n=64, relu=True),

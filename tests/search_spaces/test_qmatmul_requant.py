@@ -2,9 +2,9 @@
 
 import random
 import re
-import shutil
 
 import pytest
+from conftest import needs_gxx
 import torch
 
 from autotune.build import compile_module
@@ -131,7 +131,7 @@ def run_emulated(task, cfg, tensors):
     return out
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
+@needs_gxx
 @pytest.mark.parametrize("fields, change", [
     (dict(m=40, k=100, n=72, relu=True), dict(block_m=16, block_n=32, warp_m=16, warp_n=16, block_k=32,
                                              vector_bytes=8)),  # tensor cores, several blocks, ragged
