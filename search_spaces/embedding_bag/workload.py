@@ -261,10 +261,10 @@ def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_w
     precision where fbgemm-gpu-cpu is installed (fbgemm.py). Not PyTorch's fp16/bf16 bags: they write fp16/bf16."""
     import torch
 
-    F, table = torch.nn.functional, float32_table(weight, w.dtype)
+    F, values = torch.nn.functional, float32_table(weight, w.dtype)
     options = dict(mode=w.mode, per_sample_weights=per_sample_weights, include_last_offset=w.include_last_offset,
                    padding_idx=w.padding_idx)
-    calls = {"torch": lambda: F.embedding_bag(indices, table, offsets, **options)}
+    calls = {"torch": lambda: F.embedding_bag(indices, values, offsets, **options)}
     plain = w.padding_idx is None and per_sample_weights is None and w.mode != "max"
     if w.dtype == "int8" and plain:
         calls["torch_int8"] = lambda: torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
