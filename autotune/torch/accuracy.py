@@ -292,11 +292,12 @@ class LayerPrecision:
     where: str
     what: str
     precision: str  # "int8" or "fp32"
-    share: float  # the model's error / allowed with this layer alone in int8 (simulated, worst check batch)
+    share: float  # the model's error / allowed with this layer alone in reduced precision (simulated, worst
+    #               check batch): its share of the error
     why: str = ""  # why it is fp32: the tolerance, or its match's own reason (slower, no kernel, ...)
 
     def __str__(self) -> str:
-        alone = f"alone in int8: {self.share:.2g} of the allowed error"
+        alone = f"{self.share:.2g}x the allowed error alone in reduced precision"
         return f"{self.where or '(model)'} {self.what}: {self.precision} ({alone}" + \
             (f"; {self.why})" if self.why else ")")
 

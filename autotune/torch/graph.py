@@ -372,14 +372,15 @@ def _timed(gm: fx.GraphModule, pending: list[_Pending], env: dict[fx.Node, Any],
     pairs = [sub for v in out.values() if not isinstance(v, str) for sub in v]
     if pairs and timing_inputs:
         needed = {n for sub in pairs for n in sub.inputs}
-        batches = [_values_of(gm, batch, needed, added) for batch in timing_inputs]
+        computed = {n for n in added if n.op not in _speed.INPUTS}  # a new get_attr (a packed weight) is an input
+        batches = [_values_of(gm, batch, needed, computed) for batch in timing_inputs]
         for sub in pairs:
             sub.cycle_through(batches)
     return out
 
 
 class _ModelOnly(fx.Interpreter):
-    """The graph's own nodes on some inputs, skipping pending replacements' nodes (not wired, not needed)."""
+    """The graph's own nodes on some inputs, skipping pending replacements' computing nodes (not wired)."""
 
     def __init__(self, gm: fx.GraphModule, skip: set[fx.Node]):
         super().__init__(gm, garbage_collect_values=False)

@@ -24,7 +24,7 @@ import torch.fx as fx
 
 __all__ = ["SpeedCheck", "Subgraph", "ms", "slower", "subgraph", "time_pair"]
 
-_INPUTS = ("placeholder", "get_attr")  # nodes whose values a subgraph takes as inputs, not recomputes
+INPUTS = ("placeholder", "get_attr")  # nodes whose values a subgraph takes as inputs, not recomputes
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def subgraph(gm: fx.GraphModule, nodes: Iterable[fx.Node], outputs: Sequence[fx.
              env: dict[fx.Node, Any]) -> Subgraph:
     """`nodes` (run in graph order) returning `outputs`' values; every other node they read, and their own
     placeholders and get_attrs, is an input holding its value from `env`."""
-    inside = {n for n in nodes if n.op not in _INPUTS}
+    inside = {n for n in nodes if n.op not in INPUTS}
     g = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
     inputs: list[fx.Node] = []
