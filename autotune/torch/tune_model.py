@@ -252,8 +252,7 @@ def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[An
         _tune_all(new, job.device, job.log_dir, job.trials, job.shipped, job.progress, workers)
         best = [t.record for t in job.report.tasks if t.record is not None]
         if best:
-            job.report.package, exported = _package(best, job.log_dir / "package", workers,
-                                                    warn_reload=job.report.package is None)
+            job.report.package, exported = _package(best, job.log_dir / "package", workers)
             job.report.exported |= exported
     ready = _ready(job.report.tasks)
     done = rewrite(gm, job.args, job.ruleset, ready, job.check, full_precision=fp32, timing_inputs=job.timing[1:])
@@ -424,9 +423,10 @@ def _entry_key(op: str, workload_key: str, device: str, config: Any, version: st
     return op, workload_key, device, json.dumps(config, sort_keys=True), version
 
 
-def _package(best: list[Any], out: Path, workers: _Workers, warn_reload: bool = True) -> tuple[Path, bool]:
+def _package(best: list[Any], out: Path, workers: _Workers) -> tuple[Path, bool]:
     """Export the records to `out` unless it already holds exactly their kernels; load it. (path, exported)
-    `warn_reload=False`: this call exported it already (a superset follows; kernel files named by content)."""
+    Exporting over a package this process loaded is safe: kernel files are named by what they hold
+    (`package.export`), so a library the dynamic loader hands back again under a name is that same kernel."""
     from ..package import read_manifest
     from .registry import load
 
@@ -440,13 +440,7 @@ def _package(best: list[Any], out: Path, workers: _Workers, warn_reload: bool = 
         same = False
     if not same:
         from ..package import export
-        from .registry import REGISTRY
 
-        if warn_reload and any(p.path.resolve() == out.resolve() for p in REGISTRY.packages):
-            warnings.warn(f"tune_model: re-exporting {out}, loaded earlier in this process: kernel files keep "
-                          "their names, and the dynamic loader hands back the libraries it loaded first; run "
-                          "the rewritten model in a new process to be sure it uses the new kernels",
-                          stacklevel=3)
         export(best, out, builder=workers.builder())
     load(out)
     return out, not same
