@@ -13,8 +13,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-__all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule", "Reduced",
-           "Route", "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device", "is_gpu", "parse_shape"]
+__all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule",
+           "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device",
+           "is_gpu", "parse_shape"]
 
 
 class WorkloadError(ValueError):

@@ -27,8 +27,9 @@ EXPORTS: dict[str, object] = {name: value for b in BINDINGS.values() for name, v
 globals().update(EXPORTS)  # at.EmbeddingBag, at.quantize_rows, ...: declared by the operators' bindings
 
 __all__ = sorted(["IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKernel", "NoTunedKernelWarning",
-                  "OptimizeReport", "Package", "REGISTRY", "SpeedCheck", "StalePackage", "Tolerance", "TuneModelReport", "load",
-                  "load_default", "ops", "optimize", "tune_model", "unload_all", *EXPORTS])
+                  "OptimizeReport", "Package", "REGISTRY", "SpeedCheck", "StalePackage", "Tolerance",
+                  "TuneModelReport", "load", "load_default", "ops", "optimize", "tune_model", "unload_all",
+                  *EXPORTS])
 
 
 def unload_all() -> None:

@@ -12,7 +12,7 @@ range; `atol` is its floor, the absolute error allowed where outputs are small. 
     at most d / 4, so probabilities computed from those logits stay within 1e-2 while the logits stay within 4).
 
 Each layer a quantizing rule runs in reduced precision (`search_spaces.template.Reduced`) carries an eager
-simulation of its numerics. `layer_errors` measures each layer's share of the error: the model's output error,
+simulation of its numerics. `layer_shares` measures each layer's share of the error: the model's output error,
 on the check batches, with that layer alone simulated. `plan` then keeps layers in fp32, the most
 error-sensitive first, until the simulated model holds the tolerance; tune_model confirms that on the rewritten
 model with its real kernels and keeps more layers in fp32, in the same order, while the real model breaks it.
@@ -35,7 +35,7 @@ from search_spaces.template import Reduced
 from .graph import _as_args, flat_inputs
 
 __all__ = ["Batch", "BatchError", "FP32_EXACT", "INT8", "LayerPrecision", "Tolerance", "AccuracyReport",
-           "check", "check_batches", "default_tolerance", "draw_like", "layer_errors", "plan", "timing_batches"]
+           "check", "check_batches", "default_tolerance", "draw_like", "layer_shares", "plan", "timing_batches"]
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,6 @@ def timing_batches(model: torch.nn.Module, checks: Sequence[Batch], count: int, 
         -> list[tuple[Any, ...]]:
     """`count` batches to time a model on, cycled: the check batches (the example first), then batches drawn
     like the example (fresh rows: `draw_like`) until there are `count`."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"tune_model: timing_batches must be an int >= 1 (1: the example batch alone), got {count!r}")
     out = [b.args for b in checks][:count]
     while len(out) < count:
         drawn = _drawn(model, checks[0].args, seed + len(out))
@@ -260,7 +258,7 @@ def simulated_ratio(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequen
     return worst
 
 
-def layer_errors(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced],
+def layer_shares(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced],
                  tolerance: Tolerance) -> dict[str, float]:
     """{layer node: the model's error / allowed, worst over the batches, with that layer alone in reduced
     precision}: each layer's share of the error."""
@@ -268,10 +266,10 @@ def layer_errors(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[
 
 
 def plan(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced], tolerance: Tolerance,
-         errors: dict[str, float]) -> list[str]:
+         shares: dict[str, float]) -> list[str]:
     """The layers to keep in fp32, in fallback order (largest share of the error first): the shortest prefix
     of that order with which the simulated model holds `tolerance`."""
-    order = fallback_order(errors)
+    order = fallback_order(shares)
     for i in range(len(order) + 1):
         rest = [layer for layer in layers if layer.node not in order[:i]]
         if not rest or simulated_ratio(gm, batches, rest, tolerance) <= 1.0:
@@ -279,9 +277,9 @@ def plan(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced]
     return order
 
 
-def fallback_order(errors: dict[str, float]) -> list[str]:
-    """Layer nodes, the most error-sensitive first (ties: in graph order, as `errors` lists them)."""
-    return sorted(errors, key=lambda name: -errors[name])
+def fallback_order(shares: dict[str, float]) -> list[str]:
+    """Layer nodes, the most error-sensitive first (ties: in graph order, as `shares` lists them)."""
+    return sorted(shares, key=lambda name: -shares[name])
 
 
 # ---- the report ---------------------------------------------------------------------------------------------
@@ -309,7 +307,6 @@ class AccuracyReport:
     tolerance: Tolerance
     errors: list[BatchError] = field(default_factory=list)
     layers: list[LayerPrecision] = field(default_factory=list)
-    note: str = ""
 
     @property
     def holds(self) -> bool:
@@ -322,7 +319,7 @@ class AccuracyReport:
     def lines(self) -> list[str]:
         verdict = "holds" if self.holds else "BROKEN"
         out = [f"accuracy: |optimized - eager| <= {self.tolerance} per output, {verdict} on "
-               f"{len(self.errors)} batch(es)" + (f": {self.note}" if self.note else "")]
+               f"{len(self.errors)} batch(es)"]
         out += [f"  {e}" for e in self.errors]
         if self.layers:
             fp32 = sum(layer.precision != "int8" for layer in self.layers)

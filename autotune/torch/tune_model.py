@@ -145,8 +145,8 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     model against eager, `Tolerance(atol, rtol)` (|optimized - eager| <= max(atol, rtol x max|eager|)) or a
     number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
     `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
-    held-out batches, each given as `example_inputs` is; default: one drawn like the example, see
-    `accuracy.draw_like`); int8 layers that break it stay fp32, the most error-sensitive first, and a model that
+    held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
+    the example, see `accuracy.draw_like`); int8 layers that break it stay fp32, the most error-sensitive first, and a model that
     breaks it with none left comes back unchanged. `timing_batches`: every timing (speed checks, eager against
     optimized) cycles through this many batches, the example, the check batches, then fresh ones drawn like the
     example; 1 times the example batch alone (its rows stay in cache, which flatters gathers).
@@ -161,10 +161,14 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     if speed is not None and not require_speedup:
         raise ValueError("tune_model: speed= sets how replacements are timed, but require_speedup=False times none")
     contract = accuracy.default_tolerance(tolerance, quantize)
+    if isinstance(timing_batches, bool) or not isinstance(timing_batches, int) or timing_batches < 1:
+        raise ValueError(f"tune_model: timing_batches must be an int >= 1 (1: the example batch alone), got "
+                         f"{timing_batches!r}")
     args = _as_args(example_inputs)
     gm = capture(model, args)  # never rewritten: discovery, node times and the simulated int8 layers
     checks = accuracy.check_batches(model, args, check_inputs)
-    timing = accuracy.timing_batches(model, checks, timing_batches)
+    timed = require_speedup or bench_rounds > 0
+    timing = accuracy.timing_batches(model, checks, timing_batches if timed else 1)
     ruleset = collect_rules(quantize, extra_rules, rules)
     report = TuneModelReport(threads=_threads(), timing_batches=len(timing))
     found = discover(gm, args, ruleset)
@@ -175,7 +179,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     job = _Job(model, args, timing, ruleset, (speed or SpeedCheck()) if require_speedup else None, device,
                Path(log_dir), trials, shipped, progress, node_times(gm, args), report)
     layers = _reduced(found.matches)
-    shares = accuracy.layer_errors(gm, checks, layers, contract)
+    shares = accuracy.layer_shares(gm, checks, layers, contract)
     with _Workers() as workers:
         opt, done, errors, fp32 = _hold(job, workers, checks, contract, shares,
                                         accuracy.plan(gm, checks, layers, contract, shares))
