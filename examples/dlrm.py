@@ -16,12 +16,13 @@ nn.Linear + nn.ReLU MLPs, and DLRM's own `interact_features`): nothing in it nam
      example batch repeated (its rows stay in cache);
   4. prints one table per pooling: ms in both regimes, x eager, and max |out - eager| on the held-out batches.
 
-    python examples/dlrm.py [--pooling 1 8] [--batch 2048] [--trials 24] [--log-dir logs/local/dlrm]
+    python examples/dlrm.py [--pooling 1 8] [--batch 2048] [--trials 8] [--log-dir logs/local/dlrm]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -123,7 +124,7 @@ class Contender:
     note: str = ""  # e.g. what tune_model kept in fp32
 
 
-def _built(name: str, build: Callable[[], Callable[..., Any]], example: Batch) -> Contender:
+def _built(name: str, build: Callable[[], Callable[..., Any]]) -> Contender:
     """`build()`, timed; a failure skips the contender with its error."""
     t0 = time.perf_counter()
     try:
@@ -146,7 +147,8 @@ def frozen_compile(model: nn.Module, example: Batch, mode: str | None = None) ->
 
 
 def compiled(name: str, model: nn.Module, example: Batch, mode: str | None = None) -> Contender:
-    return _built(name, lambda: frozen_compile(model, example, mode), example)
+    """torch.compile's contender (`frozen_compile`), or why it did not build."""
+    return _built(name, lambda: frozen_compile(model, example, mode))
 
 
 PT2E = "PyTorch int8 (PT2E + X86InductorQuantizer, torch.compile)"
@@ -170,7 +172,7 @@ def pt2e_int8(model: nn.Module, example: Batch) -> Contender:
             prepared(*example)  # calibration
         return frozen_compile(convert_pt2e(prepared), example)
 
-    return _built(PT2E, build, example)
+    return _built(PT2E, build)
 
 
 def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch], quantize: bool,
@@ -223,14 +225,8 @@ def max_error(model: Callable[..., Any], batches: Sequence[Batch], eager: Sequen
 
 def cycled(model: Callable[..., Any], batches: Sequence[Batch]) -> Callable[[], Any]:
     """A call of `model` on the next of `batches` each time."""
-    state = {"i": 0}
-
-    def call() -> Any:
-        b = batches[state["i"]]
-        state["i"] = (state["i"] + 1) % len(batches)
-        return model(*b)
-
-    return call
+    it = itertools.cycle(batches)
+    return lambda: model(*next(it))
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, seconds: float) -> dict[str, float]:
@@ -312,7 +308,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="indices per bag, one table per value (1: Criteo's one-hot features)")
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--max-rows", type=int, default=200_000, help="cap on a table's rows (to fit this machine)")
-    p.add_argument("--trials", type=int, default=24, help="tuning budget per task")
+    p.add_argument("--trials", type=int, default=8, help="tuning budget per task (make tune's)")
     p.add_argument("--log-dir", default="logs/local/dlrm")
     p.add_argument("--held-out", type=int, default=2, help="held-out batches (accuracy contract and error column)")
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
