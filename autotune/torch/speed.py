@@ -110,7 +110,7 @@ def slower(old_s: float, new_s: float, check: SpeedCheck) -> str:
     """Why the replacement does not pay ("" when it takes at least `check.margin` less time than the old code)."""
     if new_s <= old_s * (1.0 - check.margin):
         return ""
-    return (f"not faster: {ms(new_s)} vs PyTorch {ms(old_s)} on the example inputs (a replacement must take at "
+    return (f"not faster: {ms(new_s)} vs PyTorch {ms(old_s)} on the timed batches (a replacement must take at "
             f"least {check.margin:.0%} less time; tune_model(require_speedup=False) wires it in anyway)")
 
 
