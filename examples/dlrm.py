@@ -1,26 +1,34 @@
-"""A Criteo-shaped DLRM, compiled whole by `autotune.torch.tune_model`, against eager PyTorch and torch.compile.
+"""A Criteo-shaped DLRM compiled whole by `autotune.torch.tune_model`, against what PyTorch itself offers.
 
 The model is plain PyTorch written as facebookresearch/dlrm writes it (nn.EmbeddingBag per sparse feature,
-nn.Linear + nn.ReLU MLPs, and DLRM's own `interact_features`): nothing in it names this project. The script
+nn.Linear + nn.ReLU MLPs, and DLRM's own `interact_features`): nothing in it names this project. For each
+`--pooling N` (indices per bag: 1 is Criteo's one-hot features, 8 a multi-hot model) the script
   1. builds the model: 26 tables with the Criteo Kaggle cardinalities capped at --max-rows, dim 64, bottom MLP
-     13-512-256-64, top MLP 415-512-256-1, one-hot (--hot one) or multi-hot bags (--hot multi);
-  2. calls `tune_model` twice on it, fp32-exact (`quantize=False`) and int8 MLPs: each captures the model's graph,
-     finds the operators we serve, tunes them (logs in --log-dir: a second run resumes and tunes nothing
-     already tuned) and rewrites the graph, keeping each replacement only if it reproduces the model's numbers;
-  3. prints, measured in this one run and interleaved: eager, torch.compile(eager), ours fp32, ours int8,
-     torch.compile(ours int8), and a per-stage breakdown (embeddings, interaction, each MLP) against eager.
+     13-512-256-64, top MLP 415-512-256-1, batch --batch;
+  2. builds every contender: eager; torch.compile and torch.compile(mode="max-autotune") (Inductor, freezing);
+     PyTorch's own int8, PT2E with torchao's X86InductorQuantizer (static int8 calibrated on the example
+     batch) then torch.compile with freezing (needs the optional `torchao`: `pip install --no-deps
+     torchao==0.18.0`; without it the row is skipped, saying so); ours fp32-exact and ours int8, each a
+     `tune_model` call (logs in --log-dir: a second run resumes and tunes nothing already tuned) held to its
+     default accuracy contract on --held-out batches drawn like the example;
+  3. times them all in one process, interleaved rounds, medians, in two regimes: a cycle of --fresh batches
+     drawn like the example (as a model meets them: each batch gathers rows the last one did not) and the
+     example batch repeated (its rows stay in cache);
+  4. prints one table per pooling: ms in both regimes, x eager, and max |out - eager| on the held-out batches.
 
-    python examples/dlrm.py [--batch 2048] [--hot one|multi] [--trials 24] [--log-dir logs/local/dlrm]
+    python examples/dlrm.py [--pooling 1 8] [--batch 2048] [--trials 8] [--log-dir logs/local/dlrm]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +40,9 @@ CRITEO_KAGGLE_ROWS = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 9314
                       5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
 DENSE = 13
 DIM = 64
+TORCHAO = "torchao==0.18.0"  # the version this example was written against (torch 2.13)
+
+Batch = tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]
 
 
 class Interaction(nn.Module):
@@ -86,8 +97,7 @@ class DLRM(nn.Module):
         return torch.sigmoid(self.top(self.interaction(x, ly)))
 
 
-def make_batch(model: DLRM, batch: int, pooling: tuple[int, int], seed: int = 0
-               ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def make_batch(model: DLRM, batch: int, pooling: tuple[int, int], seed: int = 0) -> Batch:
     """Dense features and, per table, Zipf-popular indices (as click logs are) in bags of `pooling` indices."""
     rng = np.random.default_rng(seed)
     dense = torch.from_numpy(rng.standard_normal((batch, DENSE)).astype(np.float32))
@@ -97,26 +107,173 @@ def make_batch(model: DLRM, batch: int, pooling: tuple[int, int], seed: int = 0
         offsets.append(torch.from_numpy(np.concatenate([[0], np.cumsum(sizes)[:-1]])).long())
         rows = emb.num_embeddings
         hot = (rng.zipf(1.1, size=int(sizes.sum())) - 1) % rows
-        perm = rng.permutation(rows)  # hot rows scattered over the table, not its first lines
-        indices.append(torch.from_numpy(perm[hot]).long())
+        perm = np.random.default_rng(rows).permutation(rows)  # hot rows scattered over the table, the same
+        indices.append(torch.from_numpy(perm[hot]).long())  # in every batch (a table's popular rows stay so)
     return dense, indices, offsets
 
 
-def median_time(fn: Callable[[], Any], seconds: float) -> float:
-    from autotune.bench import median_seconds
+# ---- contenders ---------------------------------------------------------------------------------------------
+@dataclass
+class Contender:
+    """One way to run the model: built (with its build time), or skipped with the reason."""
 
-    return median_seconds(fn, seconds)
+    name: str
+    model: Callable[..., Any] | None = None
+    build_s: float = 0.0
+    skipped: str = ""
+    note: str = ""  # e.g. what tune_model kept in fp32
+
+
+def _built(name: str, build: Callable[[], Callable[..., Any]]) -> Contender:
+    """`build()`, timed; a failure skips the contender with its error."""
+    t0 = time.perf_counter()
+    try:
+        model = build()
+    except Exception as err:  # noqa: BLE001 -- a peer that fails to build is reported, not fatal
+        return Contender(name, skipped=f"failed to build: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    return Contender(name, model, time.perf_counter() - t0)
+
+
+def frozen_compile(model: nn.Module, example: Batch, mode: str | None = None) -> Callable[..., Any]:
+    """torch.compile with Inductor's freezing (weights folded in as constants: the inference setting), compiled
+    by a first call on the example batch in inference mode, as it is then called (the batches keep its shapes,
+    so nothing compiles again)."""
+    import torch._inductor.config as inductor
+
+    fn = torch.compile(model, mode=mode, fullgraph=True)
+    with inductor.patch(freezing=True), torch.inference_mode():
+        fn(*example)
+    return fn
+
+
+def compiled(name: str, model: nn.Module, example: Batch, mode: str | None = None) -> Contender:
+    """torch.compile's contender (`frozen_compile`), or why it did not build."""
+    return _built(name, lambda: frozen_compile(model, example, mode))
+
+
+PT2E = "PyTorch int8 (PT2E + X86InductorQuantizer, torch.compile)"
+
+
+def pt2e_int8(model: nn.Module, example: Batch) -> Contender:
+    """PyTorch's own int8 for x86 CPUs: PT2E (torch.export, torchao's X86InductorQuantizer with its default
+    config: static int8 activations calibrated on the example batch, int8 weights per channel), then
+    torch.compile with freezing, which lowers the quantized patterns to oneDNN's int8 kernels. Skipped, saying
+    how to install it, without torchao."""
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+    except ImportError as err:
+        return Contender(PT2E, skipped=f"torchao is not installed ({err}): pip install --no-deps {TORCHAO}")
+
+    def build() -> Callable[..., Any]:
+        quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+        prepared = prepare_pt2e(torch.export.export(model, example).module(), quantizer)
+        with torch.no_grad():
+            prepared(*example)  # calibration
+        return frozen_compile(convert_pt2e(prepared), example)
+
+    return _built(PT2E, build)
+
+
+def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch], quantize: bool,
+         args: argparse.Namespace) -> Contender:
+    """tune_model's rewritten model, held to its default accuracy contract on the held-out batches."""
+    import autotune.torch as at
+
+    t0 = time.perf_counter()
+    optimized, report = at.tune_model(model, example, log_dir=args.log_dir, trials=args.trials, quantize=quantize,
+                                      check_inputs=list(held_out), timing_batches=args.fresh)
+    print(f"\n== {name}: tune_model(quantize={quantize}) in {time.perf_counter() - t0:.0f} s\n{report}")
+    layers = report.accuracy.layers if report.accuracy else []
+    fp32 = [layer.where.split(",")[0] for layer in layers if layer.precision != "int8"]
+    note = f"{len(layers) - len(fp32)} int8 layers, fp32: {', '.join(fp32)}" if quantize and fp32 else ""
+    return Contender(name, optimized, time.perf_counter() - t0, note=note)
+
+
+def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], args: argparse.Namespace) \
+        -> list[Contender]:
+    """Every contender, in table order (skipped ones say why)."""
+    out = [Contender("eager", model)]
+    skip = "skipped (--no-compile)"
+    out.append(compiled("torch.compile", model, example) if args.compile else Contender("torch.compile", skipped=skip))
+    name = 'torch.compile(mode="max-autotune")'
+    out.append(compiled(name, model, example, "max-autotune") if args.compile and args.max_autotune
+               else Contender(name, skipped=skip if not args.compile else "skipped (--no-max-autotune)"))
+    out.append(pt2e_int8(model, example) if args.pt2e else Contender(PT2E, skipped="skipped (--no-pt2e)"))
+    out.append(ours("ours fp32-exact", model, example, held_out, False, args))
+    out.append(ours("ours int8", model, example, held_out, True, args))
+    return out
+
+
+# ---- measurement --------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """A built contender's figures."""
+
+    name: str
+    fresh_s: float  # median seconds per call over the cycle of fresh batches
+    repeated_s: float  # ... over the example batch repeated
+    error: float  # max |out - eager| over the held-out batches
+    build_s: float
+    note: str = ""
+
+
+def max_error(model: Callable[..., Any], batches: Sequence[Batch], eager: Sequence[torch.Tensor]) -> float:
+    with torch.inference_mode():
+        return max(float((model(*b) - ref).abs().max()) for b, ref in zip(batches, eager))
+
+
+def cycled(model: Callable[..., Any], batches: Sequence[Batch]) -> Callable[[], Any]:
+    """A call of `model` on the next of `batches` each time."""
+    it = itertools.cycle(batches)
+    return lambda: model(*next(it))
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, seconds: float) -> dict[str, float]:
     """Per contender, the median over rounds; contenders interleaved so a busy machine's drift hits all alike."""
+    from autotune.bench import median_seconds
+
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(median_time(fn, seconds))
+            times[name].append(median_seconds(fn, seconds))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def measure(built: Sequence[Contender], fresh: Sequence[Batch], held_out: Sequence[Batch],
+            rounds: int, seconds: float) -> list[Row]:
+    """Each built contender's latency in both regimes (all interleaved in one loop) and held-out error."""
+    eager = built[0].model
+    assert eager is not None
+    with torch.inference_mode():
+        refs = [eager(*b) for b in held_out]
+    fns: dict[str, Callable[[], Any]] = {}
+    for c in built:
+        assert c.model is not None
+        fns[f"fresh {c.name}"] = cycled(c.model, fresh)
+        fns[f"repeated {c.name}"] = cycled(c.model, fresh[:1])
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a peer's first-call warnings were printed when it was built
+        times = interleaved(fns, rounds, seconds)
+    return [Row(c.name, times[f"fresh {c.name}"], times[f"repeated {c.name}"], max_error(c.model, held_out, refs),
+                c.build_s, c.note) for c in built if c.model is not None]
+
+
+def table(title: str, rows: Sequence[Row], skipped: Sequence[Contender]) -> str:
+    """The markdown table of the rows (x eager against the first row, eager), then a line per skipped peer."""
+    eager = rows[0]
+    lines = [f"### {title}", "",
+             "| contender | fresh ms | x eager | repeated ms | x eager | max \\|out - eager\\| (held-out) | build s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = r.name + (f" ({r.note})" if r.note else "")
+        lines.append(f"| {name} | {r.fresh_s * 1e3:.2f} | {eager.fresh_s / r.fresh_s:.2f} | {r.repeated_s * 1e3:.2f} "
+                     f"| {eager.repeated_s / r.repeated_s:.2f} | {r.error:.1e} | {r.build_s:.0f} |")
+    lines += [f"- {c.name}: {c.skipped}" for c in skipped]
+    return "\n".join(lines)
+
+
+# ---- per-stage breakdown (--stages) -------------------------------------------------------------------------
 STAGES = ("embeddings", "interaction", "bottom", "top")
 
 
@@ -130,75 +287,78 @@ def by_stage(per_module: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=2048)
-    p.add_argument("--hot", choices=("one", "multi"), default="one",
-                   help="one index per bag (Criteo's one-hot features) or 1-20 per bag (multi-hot)")
-    p.add_argument("--max-rows", type=int, default=200_000, help="cap on a table's rows (to fit this machine)")
-    p.add_argument("--trials", type=int, default=24, help="tuning budget per task")
-    p.add_argument("--log-dir", default="logs/local/dlrm")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
-    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (a minute or two here)")
-    args = p.parse_args()
-
-    import autotune.torch as at
+def print_stages(model: nn.Module, built: Sequence[Contender], example: Batch) -> None:
+    """Each node of eager and of ours timed alone on the example batch, summed per stage."""
     from autotune.torch.graph import capture, profile
 
+    mine = {c.name: c.model for c in built if c.name.startswith("ours") and c.model is not None}
+    print("\n== per stage (ms; each node timed alone on the example batch, so the sums exceed the latencies)")
+    with torch.inference_mode():
+        stages = {"eager": by_stage(profile(capture(model, example), example))}
+        stages.update({n: by_stage(profile(m, example)) for n, m in mine.items()})  # type: ignore[arg-type]
+    print(f"  {'stage':<12s}" + "".join(f"{n:>18s}" for n in stages))
+    for stage in (*STAGES, "other"):
+        print(f"  {stage:<12s}" + "".join(f"{stages[n][stage] * 1e3:18.3f}" for n in stages))
+
+
+# ---- main ---------------------------------------------------------------------------------------------------
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pooling", type=int, nargs="+", default=[1, 8],
+                   help="indices per bag, one table per value (1: Criteo's one-hot features)")
+    p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--max-rows", type=int, default=200_000, help="cap on a table's rows (to fit this machine)")
+    p.add_argument("--trials", type=int, default=8, help="tuning budget per task (make tune's)")
+    p.add_argument("--log-dir", default="logs/local/dlrm")
+    p.add_argument("--held-out", type=int, default=2, help="held-out batches (accuracy contract and error column)")
+    p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, regime and round")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip both torch.compile rows")
+    p.add_argument("--no-max-autotune", dest="max_autotune", action="store_false",
+                   help='skip torch.compile(mode="max-autotune") (it benchmarks GEMM choices while it builds)')
+    p.add_argument("--no-pt2e", dest="pt2e", action="store_false", help="skip PyTorch's PT2E int8")
+    p.add_argument("--stages", action="store_true", help="also print a per-stage breakdown of eager and ours")
+    args = p.parse_args(argv)
+    if min(args.pooling) < 1 or args.held_out < 1 or args.fresh < 1:
+        p.error("--pooling, --held-out and --fresh take values >= 1")
+    return args
+
+
+def run_pooling(model: DLRM, pooling: int, args: argparse.Namespace) -> tuple[str, bool]:
+    """One pooling's contenders built, measured and tabulated: (the table, whether ours kept their bounds)."""
+    draw = lambda seed: make_batch(model, args.batch, (pooling, pooling), seed)  # noqa: E731
+    example = draw(0)
+    held_out = [draw(1 + i) for i in range(args.held_out)]
+    fresh = [example] + [draw(1000 + i) for i in range(args.fresh - 1)]
+    print(f"\n==== {pooling} {'index' if pooling == 1 else 'indices'} per bag")
+    every = contenders(model, example, held_out, args)
+    built = [c for c in every if c.model is not None]
+    rows = measure(built, fresh, held_out, args.rounds, args.seconds)
+    if args.stages:
+        print_stages(model, built, example)
+    ok = all(r.error <= (1e-2 if "int8" in r.name else 1e-4) for r in rows if r.name.startswith("ours"))
+    title = (f"{pooling} {'index' if pooling == 1 else 'indices'} per bag, batch {args.batch}: fresh = a cycle of "
+             f"{len(fresh)} batches, repeated = the example batch; median of {args.rounds} interleaved rounds")
+    return table(title, rows, [c for c in every if c.model is None]), ok
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
     torch.manual_seed(0)
     rows = tuple(min(r, args.max_rows) for r in CRITEO_KAGGLE_ROWS)
     model = DLRM(rows).eval()
-    pooling = (1, 1) if args.hot == "one" else (1, 20)
-    inputs = make_batch(model, args.batch, pooling)
     print(f"DLRM: {len(rows)} tables ({sum(rows):,} rows x {DIM}, {sum(rows) * DIM * 4 / 2**20:.0f} MiB), "
-          f"{args.hot}-hot, batch {args.batch}, threads: PyTorch {torch.get_num_threads()}")
-
-    with torch.inference_mode():
-        ref = model(*inputs)
-    ours: dict[str, nn.Module] = {}
-    for name, quantize in (("ours fp32-exact", False), ("ours int8", True)):
-        t0 = time.perf_counter()
-        ours[name], report = at.tune_model(model, inputs, log_dir=args.log_dir, trials=args.trials,
-                                           quantize=quantize)
-        print(f"\n== tune_model(quantize={quantize}) in {time.perf_counter() - t0:.0f} s\n{report}")
-
-    contenders: dict[str, nn.Module] = {"eager": model}
-    if not args.no_compile:
-        contenders["torch.compile(eager)"] = torch.compile(model, fullgraph=True)
-    contenders.update(ours)
-    if not args.no_compile:
-        contenders["torch.compile(ours int8)"] = torch.compile(ours["ours int8"], fullgraph=True)
-
-    print("\n== outputs (click probabilities) against eager, on the example batch")
-    failed = False
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", at.NoTunedKernelWarning)
-        for name, m in contenders.items():
-            t0 = time.perf_counter()
-            err = float((m(*inputs) - ref).abs().max())  # the first call of a compiled model compiles it
-            bound = 1e-2 if "int8" in name else 1e-4
-            failed |= err > bound
-            print(f"  {name:<26s} max |diff| {err:.2e} (bound {bound:.0e})  first call {time.perf_counter() - t0:5.1f} s")
-
-    print(f"\n== end-to-end latency, batch {args.batch}, median of {args.rounds} interleaved rounds")
-    with torch.inference_mode():
-        times = interleaved({n: (lambda m=m: m(*inputs)) for n, m in contenders.items()}, args.rounds, 1.0)
-    for name, t in times.items():
-        print(f"  {name:<26s} {t * 1e3:8.2f} ms   {times['eager'] / t:5.2f}x eager"
-              + (f"   {times['torch.compile(eager)'] / t:5.2f}x torch.compile(eager)"
-                 if "torch.compile(eager)" in times else ""))
-
-    print("\n== per stage (ms; each node timed alone on the example batch, so the sums exceed the latencies above)")
-    with torch.inference_mode():
-        stages = {"eager": by_stage(profile(capture(model, inputs), inputs))}
-        stages.update({n: by_stage(profile(ours[n], inputs)) for n in ours})
-    print(f"  {'stage':<12s}" + "".join(f"{n:>18s}" for n in stages) + "".join(f"{'x ' + n[5:]:>14s}" for n in ours))
-    for stage in (*STAGES, "other"):
-        row = [stages[n][stage] for n in stages]
-        gains = [stages["eager"][stage] / stages[n][stage] if stages[n][stage] else float("nan") for n in ours]
-        print(f"  {stage:<12s}" + "".join(f"{v * 1e3:18.3f}" for v in row) + "".join(f"{g:14.2f}" for g in gains))
-    if failed:
-        sys.exit("outputs differ beyond their bounds")
+          f"batch {args.batch}, pooling {args.pooling}, threads: PyTorch {torch.get_num_threads()}")
+    tables, ok = [], True
+    for pooling in args.pooling:
+        text, kept = run_pooling(model, pooling, args)
+        tables.append(text)
+        ok &= kept
+    print("\n== results (ms per batch; x eager: eager's time / the contender's, in the same regime)\n")
+    print("\n\n".join(tables))
+    if not ok:
+        sys.exit("ours: outputs differ from eager beyond their bounds on the held-out batches")
 
 
 if __name__ == "__main__":

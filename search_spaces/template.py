@@ -13,8 +13,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-__all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule", "Route",
-           "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device", "is_gpu", "parse_shape"]
+__all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule",
+           "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device",
+           "is_gpu", "parse_shape"]
 
 
 class WorkloadError(ValueError):
@@ -238,6 +239,20 @@ class TorchBinding:
 
 
 # ---- how an operator appears in a captured PyTorch graph (read by autotune.torch.tune_model) ----------------
+@dataclass(frozen=True)
+class Reduced:
+    """One layer a quantizing match runs in reduced precision, which tune_model's accuracy contract may keep in
+    full precision on its own: `node` names the model's node that computes it (e.g. its `aten.linear`); a
+    quantizing rule leaves a node alone when it finds it among `claimed`. `simulate` computes that node eagerly
+    with the layer's reduced numerics, called with the node's own arguments in its place, so each layer's share
+    of the model's output error is measured without kernels (before anything is tuned)."""
+
+    node: str
+    where: str  # the model's module path, for the report
+    what: str  # e.g. "Linear(415, 512) + ReLU, int8 (8-bit activations)"
+    simulate: Callable[..., Any]
+
+
 @dataclass
 class GraphMatch:
     """One place in a captured graph (a torch.export'ed fx.GraphModule, ATen ops) where an operator can run,
@@ -253,6 +268,8 @@ class GraphMatch:
     tolerance: tuple[float, float] = (1e-4, 1e-5)  # (rtol, atol) of the check by numbers
     where: str = ""  # the model's module path(s) it came from (node.meta["nn_module_stack"]), for the report
     what: str = ""  # e.g. "26 embedding bags -> one batched_embedding_bag (26 tables, dim 64)"
+    reduced: tuple[Reduced, ...] = ()  # its layers in reduced precision (a quantizing rule's), each of which
+    #                                    may stay in full precision alone
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,7 @@ def test_a_replacement_that_agrees_but_is_not_faster_is_kept_with_both_times(mod
     opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
     assert opt is model and report.replaced == [] and [k.where for k in report.kept] == ["bottom.1", "bottom.3",
                                                                                         "top.1"]
-    assert "kept bottom.1 [relu]: not faster: 11.9 ms vs PyTorch 8.1 ms on the example inputs" in str(report)
+    assert "kept bottom.1 [relu]: not faster: 11.9 ms vs PyTorch 8.1 ms on the timed batches" in str(report)
     # each side ran its own code: the model's relu and the replacement's clamp_min, on the same example values
     assert len(calls) == 4 and all(len(o) == len(n) == 1 and torch.equal(o[0], n[0]) for o, n in calls[:3])
     # then the whole model, rewritten with them, against the model without: also slower, so kept out
@@ -514,6 +514,56 @@ def test_tiny_dlrm_int8(model, tmp_path, shared_workers):
     other = make_batch(model, 13, seed=1)
     with torch.inference_mode():
         torch.testing.assert_close(opt(*other), model(*other), rtol=0, atol=1e-2)
+
+
+class Outlier(nn.Module):
+    """Linear(64, 32) + ReLU -> Linear(32, 16) whose first input feature is 3000x the others and its weights
+    3000x smaller: the model's outputs are ordinary, but one scale per row leaves the first layer's int8
+    activations nothing of the other features (LLM.int8()'s outlier problem); the second layer's input is
+    ordinary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+        with torch.no_grad():
+            self.a[0].weight[:, 0] /= 3000
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x)
+
+    @staticmethod
+    def batch(seed: int) -> torch.Tensor:
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(seed))
+        x[:, 0] *= 3000
+        return x
+
+
+@pytest.mark.slow
+def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says_so(tmp_path, shared_workers):
+    """The first layer alone in int8 breaks the default tolerance about 70 times over, the second uses half of
+    it: the chain is split before anything is tuned, the first layer stays PyTorch's, the second runs int8
+    alone (its input quantized by quantize_rows), and the report lists both with the measured error."""
+    import search_spaces
+
+    torch.manual_seed(0)
+    model = Outlier().eval()
+    opt, report = at.tune_model(model, Outlier.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
+                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
+                                require_speedup=False)
+    layers = {layer.where: layer for layer in report.accuracy.layers}
+    assert set(layers) == {"a.0, a.1", "a.2"}, str(report)
+    assert layers["a.0, a.1"].precision == "fp32" and layers["a.0, a.1"].share > 10
+    assert layers["a.0, a.1"].why == "kept in fp32 to hold the tolerance"
+    assert layers["a.2"].precision == "int8" and layers["a.2"].share < 1
+    assert {t.op for t in report.tasks} == {"quantize_rows", "qmatmul"}  # the second layer's, alone
+    assert report.accuracy.holds and [r.where for r in report.replaced] == ["a.2"], str(report)
+    text = str(report)
+    assert "reduced-precision layers: 1 int8, 1 fp32" in text and "held-out (drawn like the example)" in text
+    ops = _graph_ops(opt)
+    assert ops.count(aten.linear.default) == 1 and torch.ops.autotune.qmatmul.default in ops
+    with torch.inference_mode():
+        x = Outlier.batch(5)
+        assert 0 < float((opt(x) - model(x)).abs().max()) <= 1e-2
 
 
 def test_a_site_whose_task_found_no_kernel_is_kept_with_the_reason():

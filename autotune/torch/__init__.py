@@ -19,6 +19,7 @@ from . import dense, ops  # noqa: F401  (dense: torch.ops.autotune.dense_linear)
 from .ops import BINDINGS, IndexOutOfRange, InvalidDtype, InvalidInput, NoTunedKernelWarning
 from .optimize import OptimizeReport, optimize
 from .registry import REGISTRY, LoadedKernel, Package, StalePackage, load, load_default
+from .accuracy import Tolerance
 from .speed import SpeedCheck
 from .tune_model import TuneModelReport, tune_model
 
@@ -26,8 +27,9 @@ EXPORTS: dict[str, object] = {name: value for b in BINDINGS.values() for name, v
 globals().update(EXPORTS)  # at.EmbeddingBag, at.quantize_rows, ...: declared by the operators' bindings
 
 __all__ = sorted(["IndexOutOfRange", "InvalidDtype", "InvalidInput", "LoadedKernel", "NoTunedKernelWarning",
-                  "OptimizeReport", "Package", "REGISTRY", "SpeedCheck", "StalePackage", "TuneModelReport", "load",
-                  "load_default", "ops", "optimize", "tune_model", "unload_all", *EXPORTS])
+                  "OptimizeReport", "Package", "REGISTRY", "SpeedCheck", "StalePackage", "Tolerance",
+                  "TuneModelReport", "load", "load_default", "ops", "optimize", "tune_model", "unload_all",
+                  *EXPORTS])
 
 
 def unload_all() -> None:

@@ -14,6 +14,9 @@ engine checks every replacement by numbers before it keeps it:
               tolerance (and, with `speed`, whose new nodes run faster than the old ones: `speed.py`), erase
               the others' new nodes, drop dead code.
 
+Both take `full_precision`, names of nodes the quantizing rules must leave alone (tune_model's accuracy contract
+keeps the layers that break its tolerance in fp32); the other rules may still take them.
+
 `node_times` and `profile` time each node on the example inputs: each task's share of the eager time, and a
 per-module breakdown (node.meta["nn_module_stack"]).
 """
@@ -33,7 +36,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 import search_spaces
-from search_spaces.template import GraphMatch, GraphRule, Kept
+from search_spaces.template import GraphMatch, GraphRule, Kept, Reduced
 
 from . import dense
 from . import speed as _speed
@@ -212,15 +215,19 @@ def collect_rules(quantize: bool = True, extra: Iterable[GraphRule] = (),
     return sorted(out, key=lambda r: r.priority)  # stable: equal priorities keep their order
 
 
-def _find(rule: GraphRule, gm: fx.GraphModule, values: dict[str, Any], claimed: set[fx.Node]) \
-        -> Iterable[GraphMatch | Kept]:
+def _find(rule: GraphRule, gm: fx.GraphModule, values: dict[str, Any], claimed: set[fx.Node],
+          full_precision: frozenset[str] = frozenset()) -> Iterable[GraphMatch | Kept]:
     """The rule's finds; each match's nodes join `claimed` as it comes, and a match overlapping an earlier one is
-    refused (a rule's bug must not rewrite a node twice)."""
-    for found in rule.find(gm, values, claimed):
+    refused (a rule's bug must not rewrite a node twice). A quantizing rule also sees the nodes named in
+    `full_precision` as claimed, and so leaves them alone."""
+    blocked = {n for n in gm.graph.nodes if n.name in full_precision} if rule.quantizes else set()
+    seen = claimed | blocked  # what the rule may not take
+    for found in rule.find(gm, values, seen):
         if isinstance(found, GraphMatch):
-            if claimed.intersection(found.nodes):
+            if seen.intersection(found.nodes):
                 yield Kept(found.rule or rule.name, found.where, "overlaps nodes an earlier match took")
                 continue
+            seen.update(found.nodes)
             claimed.update(found.nodes)
         yield found
 
@@ -233,13 +240,15 @@ class Discovery:
     kept: list[Kept] = field(default_factory=list)
 
 
-def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule]) -> Discovery:
-    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals."""
+def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
+             full_precision: frozenset[str] = frozenset()) -> Discovery:
+    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals;
+    the quantizing rules leave the nodes named in `full_precision` alone."""
     values = example_values(gm, example_inputs)
     out = Discovery()
     claimed: set[fx.Node] = set()
     for rule in rules:
-        for found in _find(rule, gm, values, claimed):
+        for found in _find(rule, gm, values, claimed, full_precision):
             (out.matches if isinstance(found, GraphMatch) else out.kept).append(found)
     return out
 
@@ -254,6 +263,7 @@ class Replaced:
     max_error: float
     old_s: float | None = None  # the replaced code's and the replacement's seconds on the example inputs,
     new_s: float | None = None  # when the rewrite timed them (`speed`)
+    reduced: tuple[Reduced, ...] = ()  # its layers in reduced precision (GraphMatch.reduced)
 
 
 @dataclass
@@ -264,15 +274,20 @@ class Rewrite:
 
 def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
             ready: Callable[[GraphMatch], str | None] = lambda m: None,
-            speed: SpeedCheck | None = None, unchecked: frozenset[str] = frozenset()) -> Rewrite:
+            speed: SpeedCheck | None = None, unchecked: frozenset[str] = frozenset(),
+            full_precision: frozenset[str] = frozenset(), timing_inputs: Sequence[Any] = ()) -> Rewrite:
     """Rewrite `gm` in place, rule by rule (see the module docstring); `ready(match)` says why a match must be
     kept before it is tried (e.g. its kernel was not tuned), or None. With `speed`, a replacement that agrees
     is also timed against the code it replaces and kept out unless it is faster by `speed.margin`, except
-    those of the rules named in `unchecked` (tune_model's whole-model check wires them in to time the model)."""
+    those of the rules named in `unchecked` (tune_model's whole-model check wires them in to time the model);
+    each side's calls cycle through its values on the example inputs and on each batch of `timing_inputs`
+    (fresh batches: rows a repeated batch would keep in cache are not all there, as in a model). The quantizing
+    rules leave the nodes named in `full_precision` alone."""
     out = Rewrite()
     claimed: set[fx.Node] = set()  # nodes of committed matches
     for rule in rules:
-        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, None if rule.name in unchecked else speed)
+        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, None if rule.name in unchecked else speed,
+                      full_precision, timing_inputs)
     return out
 
 
@@ -285,11 +300,11 @@ class _Pending:
 
 def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
                   ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite,
-                  speed: SpeedCheck | None) -> None:
+                  speed: SpeedCheck | None, full_precision: frozenset[str], timing_inputs: Sequence[Any]) -> None:
     values = example_values(gm, example_inputs)
     attrs = _attr_names(gm)
     pending: list[_Pending] = []
-    for found in _find(rule, gm, values, set(claimed)):
+    for found in _find(rule, gm, values, set(claimed), full_precision):
         if isinstance(found, Kept):
             out.kept.append(found)
             continue
@@ -304,18 +319,17 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
             pending.append(p)
     if not pending:
         return
-    env = _check_run(gm, example_inputs, {n for p in pending for n in p.added})
+    added = {n for p in pending for n in p.added}
+    env = _check_run(gm, example_inputs, added)
+    verdicts = {id(p): _agrees(p, env) for p in pending}
+    timed = _timed(gm, [p for p in pending if not verdicts[id(p)][0]], env, added, timing_inputs) \
+        if speed is not None else {}
     for p in pending:
-        why, err = "", 0.0
-        for old, new in zip(p.match.outputs, p.new):
-            why, e = _disagreement(env[old], env.get(new, _Failed("the new node did not run")), p.match.tolerance)
-            err = max(err, e) if e == e else err
-            if why:
-                break
+        why, err = verdicts[id(p)]
         times: tuple[float, float] | tuple[None, None] = (None, None)
         slower = False
         if not why and speed is not None:
-            why, times = _pays(gm, p, env, speed)
+            why, times = _pays(timed[id(p)], speed)
             slower = times[0] is not None and bool(why)
         if why:
             out.kept.append(Kept(p.match.rule, p.match.where, why, slower))
@@ -323,19 +337,75 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
         else:
             _commit(p)
             claimed.update(p.match.nodes)
-            out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err, *times))
+            out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err, *times, p.match.reduced))
     gm.graph.eliminate_dead_code(is_impure_node=_impure)
     _drop_unused_attrs(gm, attrs)
     gm.graph.lint()
     gm.recompile()
 
 
-def _pays(gm: fx.GraphModule, p: _Pending, env: dict[fx.Node, Any], check: SpeedCheck) \
-        -> tuple[str, tuple[float, float] | tuple[None, None]]:
+def _agrees(p: _Pending, env: dict[fx.Node, Any]) -> tuple[str, float]:
+    """(why the match's new values do not reproduce its old ones, or "", max |new - old|) on the check run."""
+    why, err = "", 0.0
+    for old, new in zip(p.match.outputs, p.new):
+        why, e = _disagreement(env[old], env.get(new, _Failed("the new node did not run")), p.match.tolerance)
+        err = max(err, e) if e == e else err
+        if why:
+            break
+    return why, err
+
+
+_Pair = tuple[_speed.Subgraph, _speed.Subgraph]
+
+
+def _timed(gm: fx.GraphModule, pending: list[_Pending], env: dict[fx.Node, Any], added: set[fx.Node],
+           timing_inputs: Sequence[Any]) -> dict[int, _Pair | str]:
+    """Per match, its old and new code as subgraphs on the check run's values, each cycling through its inputs'
+    values on every batch of `timing_inputs` too (or why they cannot be built)."""
+    out: dict[int, _Pair | str] = {}
+    for p in pending:
+        try:
+            out[id(p)] = (_speed.subgraph(gm, p.match.nodes, p.match.outputs, env),
+                          _speed.subgraph(gm, p.added, p.new, env))
+        except Exception as err:  # noqa: BLE001 -- a replacement that cannot be timed is not shown to pay
+            out[id(p)] = f"timing the replacement raised {type(err).__name__}: {err}"
+    pairs = [sub for v in out.values() if not isinstance(v, str) for sub in v]
+    if pairs and timing_inputs:
+        needed = {n for sub in pairs for n in sub.inputs}
+        computed = {n for n in added if n.op not in _speed.INPUTS}  # a new get_attr (a packed weight) is an input
+        batches = [_values_of(gm, batch, needed, computed) for batch in timing_inputs]
+        for sub in pairs:
+            sub.cycle_through(batches)
+    return out
+
+
+class _ModelOnly(fx.Interpreter):
+    """The graph's own nodes on some inputs, skipping pending replacements' computing nodes (not wired)."""
+
+    def __init__(self, gm: fx.GraphModule, skip: set[fx.Node]):
+        super().__init__(gm, garbage_collect_values=False)
+        self.skip = skip
+
+    def run_node(self, n: fx.Node) -> Any:
+        return None if n in self.skip else super().run_node(n)
+
+
+def _values_of(gm: fx.GraphModule, inputs: Any, needed: set[fx.Node], skip: set[fx.Node]) -> dict[fx.Node, Any]:
+    """The values of the `needed` nodes on `inputs` (one batch), the rest dropped as soon as the run ends."""
+    interp = _ModelOnly(gm, skip)
+    with torch.no_grad():
+        interp.run(*flat_inputs(gm, inputs))
+    return {n: interp.env[n] for n in needed}
+
+
+def _pays(pair: _Pair | str, check: SpeedCheck) -> tuple[str, tuple[float, float] | tuple[None, None]]:
     """(why the replacement does not pay, or "", (old, new) seconds): the match's whole group of old nodes
-    against all its new ones, on the check run's values."""
+    against all its new ones (`_timed`), in inference mode as the rewritten model serves."""
+    if isinstance(pair, str):
+        return pair, (None, None)
     try:
-        old_s, new_s = _speed.measure(gm, p.match.nodes, p.match.outputs, p.added, p.new, env, check)
+        with torch.inference_mode():
+            old_s, new_s = _speed.time_pair(*pair, check)
     except Exception as err:  # noqa: BLE001 -- a replacement that cannot be timed is not shown to pay
         return f"timing the replacement raised {type(err).__name__}: {err}", (None, None)
     return _speed.slower(old_s, new_s, check), (old_s, new_s)

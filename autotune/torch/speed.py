@@ -8,6 +8,9 @@ its inputs (a fused match as its whole group: 26 embedding bags against the one 
 an interaction with its stack/cat against the op that reads the embeddings in place), in interleaved rounds so
 that drift hits both alike, medians, by the measurement core's timer. The model keeps its code unless the
 replacement takes at least `margin` less time.
+
+Each side's calls cycle through the example batch and fresh ones (tune_model's `timing_batches`): timing one
+batch over and over keeps the rows it gathers in cache, which a model's next batch does not find.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.fx as fx
 
-__all__ = ["SpeedCheck", "Subgraph", "measure", "ms", "slower", "subgraph", "time_pair"]
+__all__ = ["SpeedCheck", "Subgraph", "ms", "slower", "subgraph", "time_pair"]
 
-_INPUTS = ("placeholder", "get_attr")  # nodes whose values a subgraph takes as inputs, not recomputes
+INPUTS = ("placeholder", "get_attr")  # nodes whose values a subgraph takes as inputs, not recomputes
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,27 @@ class SpeedCheck:
 
 class Subgraph:
     """Some of a graph's nodes as a standalone call: `module` (a GraphModule of just those nodes) applied to
-    `values`, the example values of every node they read from outside; returns the chosen outputs' values."""
+    `values`, the example values of `inputs` (every node they read from outside); returns the chosen outputs'
+    values. After `cycle_through`, successive calls take the values of successive batches in turn."""
 
-    def __init__(self, module: fx.GraphModule, values: list[Any]):
+    def __init__(self, module: fx.GraphModule, values: list[Any], inputs: Sequence[fx.Node] = ()):
         self.module = module
         self.values = values
+        self.inputs = tuple(inputs)
         self.on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
+        self._cycle: list[list[Any]] = [values]
+        self._next = 0
+
+    def cycle_through(self, batches: Sequence[dict[fx.Node, Any]]) -> None:
+        """Calls cycle through the example values and, from each of `batches` ({node: value} of one batch),
+        the values of `inputs`."""
+        self._cycle = [self.values] + [[batch[n] for n in self.inputs] for batch in batches]
+        self._next = 0
 
     def __call__(self) -> tuple[Any, ...]:
-        out = self.module(*self.values)
+        values = self._cycle[self._next]
+        self._next = (self._next + 1) % len(self._cycle)
+        out = self.module(*values)
         if self.on_gpu:
             torch.cuda.synchronize()  # a call's time is its kernels', not their launch
         return out
@@ -61,22 +76,23 @@ def subgraph(gm: fx.GraphModule, nodes: Iterable[fx.Node], outputs: Sequence[fx.
              env: dict[fx.Node, Any]) -> Subgraph:
     """`nodes` (run in graph order) returning `outputs`' values; every other node they read, and their own
     placeholders and get_attrs, is an input holding its value from `env`."""
-    inside = {n for n in nodes if n.op not in _INPUTS}
+    inside = {n for n in nodes if n.op not in INPUTS}
     g = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
-    values: list[Any] = []
+    inputs: list[fx.Node] = []
 
     def value_of(n: fx.Node) -> fx.Node:
         if n not in copies:
-            copies[n] = g.placeholder(f"input_{len(values)}")
-            values.append(env[n])
+            copies[n] = g.placeholder(f"input_{len(inputs)}")
+            inputs.append(n)
         return copies[n]
 
     for n in gm.graph.nodes:
         if n in inside:
             copies[n] = g.node_copy(n, value_of)
     g.output(tuple(value_of(o) for o in outputs))
-    return Subgraph(fx.GraphModule(gm, g), values)  # gm as root: a call_module among `nodes` finds its module
+    # gm as root: a call_module among `nodes` finds its module
+    return Subgraph(fx.GraphModule(gm, g), [env[n] for n in inputs], inputs)
 
 
 def time_pair(old: Callable[[], Any], new: Callable[[], Any], check: SpeedCheck) -> tuple[float, float]:
@@ -90,22 +106,11 @@ def time_pair(old: Callable[[], Any], new: Callable[[], Any], check: SpeedCheck)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def measure(gm: fx.GraphModule, old_nodes: Iterable[fx.Node], old_outputs: Sequence[fx.Node],
-            new_nodes: Iterable[fx.Node], new_outputs: Sequence[fx.Node], env: dict[fx.Node, Any],
-            check: SpeedCheck) -> tuple[float, float]:
-    """(old, new) seconds of a match's code and its replacement on the example values in `env` (inference
-    mode, as the rewritten model serves)."""
-    old = subgraph(gm, old_nodes, old_outputs, env)
-    new = subgraph(gm, new_nodes, new_outputs, env)
-    with torch.inference_mode():
-        return time_pair(old, new, check)
-
-
 def slower(old_s: float, new_s: float, check: SpeedCheck) -> str:
     """Why the replacement does not pay ("" when it takes at least `check.margin` less time than the old code)."""
     if new_s <= old_s * (1.0 - check.margin):
         return ""
-    return (f"not faster: {ms(new_s)} vs PyTorch {ms(old_s)} on the example inputs (a replacement must take at "
+    return (f"not faster: {ms(new_s)} vs PyTorch {ms(old_s)} on the timed batches (a replacement must take at "
             f"least {check.margin:.0%} less time; tune_model(require_speedup=False) wires it in anyway)")
 
 

@@ -11,13 +11,17 @@ record of the same workload and CPU when faster) is exported to `log_dir/package
 holds exactly those kernels) and loaded; the rules rewrite the graph, each replacement kept only if it
 reproduces the model's values on the example inputs and (`require_speedup`) runs faster than the code it
 replaces there, timed interleaved (`speed.py`: a tuned kernel can agree and still lose to PyTorch, as int8
-Linears do on small CPUs); eager and optimized latency are measured interleaved.
+Linears do on small CPUs); the rewritten model is held to the accuracy contract (`tolerance`, on the example
+and held-out batches: `accuracy.py`), int8 layers that break it staying fp32, the most error-sensitive first;
+eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
+ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -30,13 +34,15 @@ import torch
 from torch.utils import _pytree as pytree
 
 import search_spaces
-from search_spaces.template import GraphMatch, GraphRule, Kept
+from search_spaces.template import GraphMatch, GraphRule, Kept, Reduced
 
+from . import accuracy
+from .accuracy import AccuracyReport, Batch, LayerPrecision, Tolerance
 from .graph import Replaced, Rewrite, _as_args, capture, collect_rules, discover, node_times, rewrite
 from . import speed as _speed
 from .speed import SpeedCheck, ms
 
-__all__ = ["TaskReport", "TuneModelReport", "tune_model"]
+__all__ = ["TaskReport", "Tolerance", "TuneModelReport", "tune_model"]
 
 
 @dataclass
@@ -86,6 +92,8 @@ class TuneModelReport:
     exported: bool = False  # False: the package already held exactly these kernels (or none were needed)
     threads: dict[str, str] = field(default_factory=dict)
     whole_model: list[str] = field(default_factory=list)  # the whole-model check's verdicts (_whole_model_check)
+    accuracy: AccuracyReport | None = None  # the contract, each int8 layer's precision, the measured error
+    timing_batches: int = 1  # batches every timing cycled through (the example and fresh ones)
     note: str = ""
 
     @property
@@ -111,8 +119,10 @@ class TuneModelReport:
                   for r in self.replaced]
         lines += [f"kept {k.where or '(model)'} [{k.rule}]: {k.why}" for k in self.kept]
         lines += [f"whole-model check, {line}" for line in self.whole_model]
+        if self.accuracy is not None:
+            lines += self.accuracy.lines()
         if self.eager_s is not None and self.optimized_s is not None:
-            lines.append(f"latency on the example inputs: eager {self.eager_s * 1e3:.3f} ms, optimized "
+            lines.append(f"latency, {_cycle(self.timing_batches)}: eager {self.eager_s * 1e3:.3f} ms, optimized "
                          f"{self.optimized_s * 1e3:.3f} ms: {self.speedup:.2f}x")
         if self.max_abs_diff is not None:
             lines.append(f"max |optimized - eager| on the example inputs: {self.max_abs_diff:.3g}")
@@ -122,50 +132,169 @@ class TuneModelReport:
 
 
 def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cpu", log_dir: str | Path,
-               trials: int = 64, quantize: bool = True, progress: bool = True, shipped: bool = True,
-               extra_rules: Iterable[GraphRule] = (), rules: Iterable[GraphRule] | None = None,
+               trials: int = 64, quantize: bool = True, tolerance: Tolerance | float | None = None,
+               check_inputs: Sequence[Any] | None = None, timing_batches: int = 8, progress: bool = True,
+               shipped: bool = True, extra_rules: Iterable[GraphRule] = (), rules: Iterable[GraphRule] | None = None,
                bench_rounds: int = 3, bench_seconds: float = 0.3, require_speedup: bool = True,
                speed: SpeedCheck | None = None) -> tuple[torch.nn.Module, TuneModelReport]:
     """Tune the operators `model` runs on `example_inputs` for `device` and return (the rewritten model, the
     report). See the module docstring.
 
     `trials`: configs per task, counting those already in `log_dir/<op>.jsonl`. `quantize=False` keeps the
-    rules that change numerics (int8 Linear layers) out. `shipped`: a shipped record of the same workload and
-    CPU competes with the tuned ones. `extra_rules` join the operators' graph rules (`rules` replaces them).
-    `bench_rounds` interleaved rounds of `bench_seconds` per model time eager against optimized (0: no timing).
-    `require_speedup`: a replacement that agrees is also timed against the code it replaces on the example
-    inputs and kept out unless it is faster by `speed.margin` (default `SpeedCheck()`: 3%, 3 rounds of 0.1 s
-    per side); False wires in every replacement that agrees (tests on tiny models, where kernels may lose).
-    A model with nothing to replace comes back as it is; example inputs the model rejects raise its own error.
+    rules that change numerics (int8 Linear layers) out. `tolerance`: the error allowed on each output of the
+    model against eager, `Tolerance(atol, rtol)` (|optimized - eager| <= max(atol, rtol x max|eager|)) or a
+    number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
+    `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
+    held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
+    the example, see `accuracy.draw_like`); int8 layers that break it stay fp32, the most error-sensitive first, and a model that
+    breaks it with none left comes back unchanged. `timing_batches`: every timing (speed checks, eager against
+    optimized) cycles through this many batches, the example, the check batches, then fresh ones drawn like the
+    example; 1 times the example batch alone (its rows stay in cache, which flatters gathers).
+    `shipped`: a shipped record of the same workload and CPU competes with the tuned ones. `extra_rules` join
+    the operators' graph rules (`rules` replaces them). `bench_rounds` interleaved rounds of `bench_seconds`
+    per model time eager against optimized (0: no timing). `require_speedup`: a replacement that agrees is also
+    timed against the code it replaces and kept out unless it is faster by `speed.margin` (default
+    `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side); False wires in every replacement that agrees (tests on
+    tiny models, where kernels may lose). A model with nothing to replace comes back as it is; example inputs
+    the model rejects raise its own error.
     """
     if speed is not None and not require_speedup:
         raise ValueError("tune_model: speed= sets how replacements are timed, but require_speedup=False times none")
+    contract = accuracy.default_tolerance(tolerance, quantize)
+    if isinstance(timing_batches, bool) or not isinstance(timing_batches, int) or timing_batches < 1:
+        raise ValueError(f"tune_model: timing_batches must be an int >= 1 (1: the example batch alone), got "
+                         f"{timing_batches!r}")
     args = _as_args(example_inputs)
-    gm = capture(model, args)
+    gm = capture(model, args)  # never rewritten: discovery, node times and the simulated int8 layers
+    checks = accuracy.check_batches(model, args, check_inputs)
+    timed = require_speedup or bench_rounds > 0
+    timing = accuracy.timing_batches(model, checks, timing_batches if timed else 1)
     ruleset = collect_rules(quantize, extra_rules, rules)
-    report = TuneModelReport(threads=_threads())
+    report = TuneModelReport(threads=_threads(), timing_batches=len(timing))
     found = discover(gm, args, ruleset)
     if not found.matches:
         report.kept = found.kept
         report.note = "nothing in this model is served by a tuned operator; the model comes back unchanged"
         return model, report
-    report.tasks = _tasks(found.matches, node_times(gm, args))
-    log_dir = Path(log_dir)
+    job = _Job(model, args, timing, ruleset, (speed or SpeedCheck()) if require_speedup else None, device,
+               Path(log_dir), trials, shipped, progress, node_times(gm, args), report)
+    layers = _reduced(found.matches)
+    shares = accuracy.layer_shares(gm, checks, layers, contract)
     with _Workers() as workers:
-        _tune_all(report.tasks, device, log_dir, trials, shipped, progress, workers)
-        best = [t.record for t in report.tasks if t.record is not None]
-        if best:
-            report.package, report.exported = _package(best, log_dir / "package", workers)
-    check = (speed or SpeedCheck()) if require_speedup else None
-    done = rewrite(gm, args, ruleset, _ready(report.tasks), check)
-    if check is not None:
-        gm, done = _whole_model_check(model, gm, done, args, ruleset, _ready(report.tasks), check, report)
+        opt, done, errors, fp32 = _hold(job, workers, checks, contract, shares,
+                                        accuracy.plan(gm, checks, layers, contract, shares))
     report.replaced, report.kept = done.replaced, done.kept
+    report.accuracy = _accuracy_report(contract, errors, layers, shares, fp32, done,
+                                       {r.name for r in ruleset if r.quantizes})
+    if not report.accuracy.holds:
+        report.note = (f"the rewritten model breaks the tolerance ({contract}) even with every int8 layer in "
+                       "fp32; the model comes back unchanged")
+        return model, report
     if not done.replaced:
         report.note = "no replacement was kept; the model comes back unchanged"
         return model, report
-    _measure(report, model, gm, args, bench_rounds, bench_seconds)
-    return gm, report
+    _measure(report, model, opt, timing, bench_rounds, bench_seconds)
+    return opt, report
+
+
+def _cycle(batches: int) -> str:
+    return "one batch repeated" if batches == 1 else f"a cycle of {batches} batches"
+
+
+@dataclass
+class _Job:
+    """What every rewrite of one tune_model call shares: the model, its inputs, the rules and the settings."""
+
+    model: torch.nn.Module
+    args: tuple[Any, ...]
+    timing: list[tuple[Any, ...]]  # the example first, then the batches every timing cycles through
+    ruleset: list[GraphRule]
+    check: SpeedCheck | None
+    device: str
+    log_dir: Path
+    trials: int
+    shipped: bool
+    progress: bool
+    times: dict[str, float]  # node name -> eager seconds on the example inputs (each task's share)
+    report: TuneModelReport
+
+
+def _reduced(matches: Sequence[GraphMatch]) -> list[Reduced]:
+    """Every layer the matches would run in reduced precision, in graph order."""
+    return [layer for m in matches for layer in m.reduced]
+
+
+def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, shares: dict[str, float],
+          planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError], list[str]]:
+    """Rewrite the model with the `planned` layers in fp32, then, while its real kernels break `contract` on
+    the check batches, with one more int8 layer in fp32 (the most error-sensitive first) each time. Returns
+    (the rewritten model, its rewrite, its errors on the check batches, the layers kept in fp32)."""
+    order = accuracy.fallback_order(shares)
+    fp32 = list(planned)
+    while True:
+        opt, done = _rewritten(job, workers, frozenset(fp32))
+        errors = accuracy.check(opt, checks, contract)
+        int8 = [name for name in order if name in _int8_nodes(done)]
+        if all(e.holds for e in errors) or not int8:
+            return opt, done, errors, fp32
+        fp32.append(int8[0])
+
+
+def _int8_nodes(done: Rewrite) -> set[str]:
+    return {layer.node for r in done.replaced for layer in r.reduced}
+
+
+def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[Any, Rewrite]:
+    """The model captured afresh and rewritten with the layers named in `fp32` left to the fp32 rules: the
+    tasks its sites need tuned (those not tuned yet by this call), the package exported and loaded, the rules
+    run (and, with speed checks, the whole-model check)."""
+    job.report.whole_model.clear()  # this rewrite's verdicts only
+    gm = capture(job.model, job.args)
+    found = discover(gm, job.args, job.ruleset, fp32)
+    new = _new_tasks(job.report, found.matches, job.times)
+    if new:
+        _tune_all(new, job.device, job.log_dir, job.trials, job.shipped, job.progress, workers)
+        best = [t.record for t in job.report.tasks if t.record is not None]
+        if best:
+            job.report.package, exported = _package(best, job.log_dir / "package", workers)
+            job.report.exported |= exported
+    ready = _ready(job.report.tasks)
+    done = rewrite(gm, job.args, job.ruleset, ready, job.check, full_precision=fp32, timing_inputs=job.timing[1:])
+    if job.check is not None:
+        gm, done = _whole_model_check(job, gm, done, ready, fp32)
+    return gm, done
+
+
+def _new_tasks(report: TuneModelReport, matches: Sequence[GraphMatch], times: dict[str, float]) -> list[TaskReport]:
+    """The matches' tasks this call has not seen yet, added to the report (each with its share of eager time)."""
+    have = {(t.op, t.workload_key) for t in report.tasks}
+    new = [t for t in _tasks(matches, times) if (t.op, t.workload_key) not in have]
+    report.tasks += new
+    return new
+
+
+def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], layers: Sequence[Reduced],
+                     shares: dict[str, float], fp32: Sequence[str], done: Rewrite,
+                     quantizing: set[str]) -> AccuracyReport:
+    """Each reduced-precision layer's final precision (and why it is fp32), and the measured errors."""
+    int8 = _int8_nodes(done)
+    out = AccuracyReport(contract, errors)
+    for layer in layers:
+        if layer.node in int8:
+            precision, why = "int8", ""
+        elif layer.node in fp32:
+            precision, why = "fp32", "kept in fp32 to hold the tolerance"
+        else:
+            precision, why = "fp32", _why_kept(layer, done.kept, quantizing)
+        out.layers.append(LayerPrecision(layer.where, layer.what, precision, shares.get(layer.node, 0.0), why))
+    return out
+
+
+def _why_kept(layer: Reduced, kept: Sequence[Kept], quantizing: set[str]) -> str:
+    """Why the quantizing match holding `layer` was kept (its modules among the kept match's)."""
+    paths = set(layer.where.split(", "))
+    return next((k.why for k in kept if k.rule in quantizing and paths <= set(k.where.split(", "))),
+                "its site was not rewritten")
 
 
 # ---- tasks --------------------------------------------------------------------------------------------------
@@ -299,7 +428,9 @@ def _entry_key(op: str, workload_key: str, device: str, config: Any, version: st
 
 
 def _package(best: list[Any], out: Path, workers: _Workers) -> tuple[Path, bool]:
-    """Export the records to `out` unless it already holds exactly their kernels; load it. (path, exported)"""
+    """Export the records to `out` unless it already holds exactly their kernels; load it. (path, exported)
+    Exporting over a package this process loaded is safe: kernel files are named by what they hold
+    (`package.export`), so a library the dynamic loader hands back again under a name is that same kernel."""
     from ..package import read_manifest
     from .registry import load
 
@@ -313,22 +444,14 @@ def _package(best: list[Any], out: Path, workers: _Workers) -> tuple[Path, bool]
         same = False
     if not same:
         from ..package import export
-        from .registry import REGISTRY
 
-        if any(p.path.resolve() == out.resolve() for p in REGISTRY.packages):
-            warnings.warn(f"tune_model: re-exporting {out}, loaded earlier in this process: kernel files keep "
-                          "their names, and the dynamic loader hands back the libraries it loaded first; run "
-                          "the rewritten model in a new process to be sure it uses the new kernels",
-                          stacklevel=3)
         export(best, out, builder=workers.builder())
     load(out)
     return out, not same
 
 
 # ---- measurement --------------------------------------------------------------------------------------------
-def _whole_model_check(model: torch.nn.Module, gm: Any, done: Rewrite, args: tuple[Any, ...],
-                       ruleset: Sequence[GraphRule], ready: Any, check: SpeedCheck,
-                       report: TuneModelReport) -> tuple[Any, Rewrite]:
+def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: frozenset[str]) -> tuple[Any, Rewrite]:
     """A second opinion, by the whole model, on each rule whose replacements lost their own speed check.
 
     A replacement is timed as its own subgraph, which misses what it does to its neighbours: the table-batched
@@ -336,26 +459,35 @@ def _whole_model_check(model: torch.nn.Module, gm: Any, done: Rewrite, args: tup
     copy the interaction otherwise makes (on the Criteo-shaped DLRM: 26 bags 3.02 ms, the batched op 3.26 ms,
     yet the model 23.5 -> 19.3 ms with it). For each such rule, in rule order, the model is rewritten again with
     that rule's replacements wired in unchecked, and the two rewritten models are timed (interleaved rounds,
-    medians); the faster by `check.margin` is kept, and the report says what each took."""
+    medians, over the timing cycle); the faster by `check.margin` is kept, and the report says what each took."""
+    assert job.check is not None
     wired: frozenset[str] = frozenset()  # rules this check wired in so far
-    for rule in ruleset:
+    for rule in job.ruleset:
         if not any(k.slower and k.rule == rule.name for k in done.kept):
             continue
-        alt_gm = capture(model, args)
-        alt = rewrite(alt_gm, args, ruleset, ready, check, wired | {rule.name})
+        alt_gm = capture(job.model, job.args)
+        alt = rewrite(alt_gm, job.args, job.ruleset, ready, job.check, wired | {rule.name}, fp32, job.timing[1:])
         with torch.inference_mode():
-            now_s, alt_s = _speed.time_pair(lambda: gm(*args), lambda: alt_gm(*args), check)
-        faster = alt_s <= now_s * (1.0 - check.margin)
-        report.whole_model.append(f"{rule.name}: the model takes {ms(alt_s)} with its replacements, {ms(now_s)} "
-                                  f"without: {'wired in' if faster else 'kept out'}")
+            now_s, alt_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
+        faster = alt_s <= now_s * (1.0 - job.check.margin)
+        job.report.whole_model.append(f"{rule.name}: the model takes {ms(alt_s)} with its replacements, "
+                                      f"{ms(now_s)} without: {'wired in' if faster else 'kept out'}")
         if faster:
             gm, done, wired = alt_gm, alt, wired | {rule.name}
     return gm, done
 
 
-def _measure(report: TuneModelReport, model: torch.nn.Module, gm: torch.nn.Module, args: tuple[Any, ...],
-             rounds: int, seconds: float) -> None:
-    """Max |optimized - eager| on the example inputs, and both latencies (interleaved rounds, medians)."""
+def _cycled(model: Any, batches: Sequence[tuple[Any, ...]]) -> Any:
+    """A call of `model` on the next of `batches` each time (cycling), for the timers."""
+    it = itertools.cycle(batches)
+    return lambda: model(*next(it))
+
+
+def _measure(report: TuneModelReport, model: torch.nn.Module, gm: torch.nn.Module,
+             batches: Sequence[tuple[Any, ...]], rounds: int, seconds: float) -> None:
+    """Max |optimized - eager| on the example inputs, and both latencies over the cycle of `batches`
+    (interleaved rounds, medians)."""
+    args = batches[0]
     with torch.inference_mode():
         ref, out = model(*args), gm(*args)
         report.max_abs_diff = _max_diff(ref, out)
@@ -364,9 +496,10 @@ def _measure(report: TuneModelReport, model: torch.nn.Module, gm: torch.nn.Modul
         from ..bench import median_seconds
 
         times: dict[str, list[float]] = {"eager": [], "optimized": []}
+        eager, optimized = _cycled(model, batches), _cycled(gm, batches)
         for _ in range(rounds):
-            times["eager"].append(median_seconds(lambda: model(*args), seconds))
-            times["optimized"].append(median_seconds(lambda: gm(*args), seconds))
+            times["eager"].append(median_seconds(eager, seconds))
+            times["optimized"].append(median_seconds(optimized, seconds))
     report.eager_s = statistics.median(times["eager"])
     report.optimized_s = statistics.median(times["optimized"])
 

@@ -29,11 +29,11 @@ import torch
 from .._graph import (attr, has_op, insertion_point, is_call, register, scalar_arg, sole_user, tensor_value, where,
                       workload_error)
 from ..qmatmul_requant.workload import Workload as RequantWorkload
-from ..template import GraphMatch, GraphRule, Kept
+from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .torch_op import quantize_rows
 from .workload import Workload, a_range
 
-__all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES"]
+__all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
 
 aten = torch.ops.aten
 RULE = "qmatmul"
@@ -51,6 +51,9 @@ MIN_OUT_FEATURES = 8
 # (activation) and its channel's (weight) max |value|; they are independent, so over K products they add up to
 # about sqrt(K) / 254 of max|x| max|w|, a percent or so of max |y| for DLRM-sized layers. 5% of max |y| passes
 # that and refuses a layer computed wrongly (another weight, a missing bias or ReLU moves outputs by far more).
+# It asks only whether the kernels compute this chain's int8 arithmetic; whether that arithmetic is accurate
+# enough for the model is tune_model's `tolerance`, judged on the model's outputs (layers that break it
+# stay fp32, each a `Reduced` of its match).
 RANGE_TOLERANCE = 0.05
 
 
@@ -200,6 +203,32 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
     return replace
 
 
+def simulated_linear(qmax: int) -> Any:
+    """`aten.linear`'s arguments -> its output with an int8 layer's numerics, in eager PyTorch: the weight
+    quantized per output channel (as `_replace` quantizes it), the activations per row to [-qmax, qmax] (0:
+    weight-only, float activations). The kernels accumulate the same products exactly in int32, so this differs
+    from them only by float32 rounding: it measures a layer's share of a model's int8 error before any kernel
+    is tuned."""
+
+    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        wq, w_scale = quantize_rows(w.detach().float())
+        if qmax:
+            q, a_scale = quantize_rows(x, qmax)
+            x = q.float() * a_scale[:, None]
+        return aten.linear.default(x, wq.float() * w_scale[:, None], b)
+
+    return linear
+
+
+def _reduced(chain: list[_Layer]) -> tuple[Reduced, ...]:
+    """Each layer of a chain as one that may stay fp32 alone: its linear node, and its int8 numerics."""
+    return tuple(Reduced(node=layer.linear.name, where=where(layer.nodes),
+                         what=layer.what() + (", int8 weights (float activations)" if layer.small else
+                                              f", int8 ({layer.a_bits}-bit activations)"),
+                         simulate=simulated_linear(0 if layer.small else a_range(layer.a_bits)[1]))
+                 for layer in chain)
+
+
 def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
     """Every chain of Linear(+ReLU) layers on float32 parameters (a lone layer is a chain of one), in graph
     order; a lone layer too narrow for int8 is kept, saying why."""
@@ -237,6 +266,7 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         yield GraphMatch(
             rule=RULE, nodes=tuple(nodes), outputs=(chain[-1].out,), tasks=tuple(tasks),
             replace=_replace(chain, plan), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
+            reduced=_reduced(chain),
             what=" -> ".join(layer.what() for layer in chain) + " -> "
                  + ("quantize_rows + " if not chain[0].small else "")
                  + ("int8 qmatmul" if len(chain) == 1 else

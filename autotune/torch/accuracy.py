@@ -1,0 +1,328 @@
+"""tune_model's accuracy contract: the error allowed on a model's outputs, and which int8 layers stay fp32 to hold it.
+
+A `Tolerance` bounds each output tensor of the rewritten model against the eager model on the same batch:
+|optimized - eager| <= max(atol, rtol * max|eager|). It is checked on the example inputs and on held-out
+batches (the caller's `check_inputs`, else one drawn like the example: `draw_like`). Int8 error scales with
+the range of the values quantized (per-row and per-channel scales), so the bound scales with the output's
+range; `atol` is its floor, the absolute error allowed where outputs are small. Defaults:
+  - fp32 (`quantize=False`): `FP32_EXACT`, max(1e-4, 1e-4 x max|eager|): the kernels and oneDNN sum in
+    another order than PyTorch, nothing more;
+  - int8 (`quantize=True`): `INT8`, max(1e-2, 1e-2 x max|eager|): 1e-2 absolute on probabilities (outputs
+    within [-1, 1]), 1% of the output's range on logits or scores (a logit error of d moves a probability by
+    at most d / 4, so probabilities computed from those logits stay within 1e-2 while the logits stay within 4).
+
+Each layer a quantizing rule runs in reduced precision (`search_spaces.template.Reduced`) carries an eager
+simulation of its numerics. `layer_shares` measures each layer's share of the error: the model's output error,
+on the check batches, with that layer alone simulated. `plan` then keeps layers in fp32, the most
+error-sensitive first, until the simulated model holds the tolerance; tune_model confirms that on the rewritten
+model with its real kernels and keeps more layers in fp32, in the same order, while the real model breaks it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from search_spaces.template import Reduced
+
+from .graph import _as_args, flat_inputs
+
+__all__ = ["Batch", "BatchError", "FP32_EXACT", "INT8", "LayerPrecision", "Tolerance", "AccuracyReport",
+           "check", "check_batches", "default_tolerance", "draw_like", "layer_shares", "plan", "timing_batches"]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The error allowed on each output tensor: |optimized - eager| <= max(atol, rtol * max|eager|), max|eager|
+    over that tensor on the same batch. `math.inf` allows anything (no contract)."""
+
+    atol: float = 0.0
+    rtol: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("atol", "rtol"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v < 0:
+                raise ValueError(f"Tolerance.{name} must be a number >= 0 (math.inf: no bound), got {v!r}")
+
+    def allowed(self, eager: torch.Tensor) -> float:
+        """The error allowed on this output tensor (its eager values)."""
+        scale = float(eager.detach().abs().max()) if eager.numel() and eager.is_floating_point() else 0.0
+        return max(self.atol, self.rtol * scale)
+
+    def __str__(self) -> str:
+        if not self.rtol:
+            return f"{self.atol:g}"
+        if not self.atol:
+            return f"{self.rtol:g} x max|eager|"
+        return f"max({self.atol:g}, {self.rtol:g} x max|eager|)"
+
+
+FP32_EXACT = Tolerance(atol=1e-4, rtol=1e-4)
+INT8 = Tolerance(atol=1e-2, rtol=1e-2)
+
+
+def default_tolerance(tolerance: Tolerance | float | None, quantize: bool) -> Tolerance:
+    """`tune_model(tolerance=)` as a Tolerance: None -> the default for `quantize`; a number -> that absolute
+    error (atol); a Tolerance as it is. Anything else raises ValueError saying what it takes."""
+    if tolerance is None:
+        return INT8 if quantize else FP32_EXACT
+    if isinstance(tolerance, Tolerance):
+        return tolerance
+    if isinstance(tolerance, numbers.Real) and not isinstance(tolerance, bool):
+        return Tolerance(atol=float(tolerance))  # validated there
+    raise ValueError(f"tune_model: tolerance must be a number (the absolute error allowed on the outputs), an "
+                     f"autotune.torch.Tolerance(atol=, rtol=) or None (the default), got {tolerance!r}")
+
+
+# ---- batches ------------------------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Inputs the contract is checked on, and the eager model's outputs on them."""
+
+    name: str  # "example", "check_inputs[0]", "held-out (drawn like the example)"
+    args: tuple[Any, ...]
+    eager: Any
+
+
+def _eager(model: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+    with torch.inference_mode():
+        return model(*args)
+
+
+def check_batches(model: torch.nn.Module, args: tuple[Any, ...], check_inputs: Sequence[Any] | None,
+                  seed: int = 1) -> list[Batch]:
+    """The example and the held-out batches, with the eager outputs: the caller's `check_inputs` (a list of
+    batches, each given as the example inputs are), else one drawn like the example (`draw_like`; none, with a
+    warning, when the model rejects every draw)."""
+    batches = [Batch("example", args, _eager(model, args))]
+    if check_inputs is not None:
+        if not isinstance(check_inputs, (list, tuple)):
+            raise ValueError("tune_model: check_inputs must be a list of batches, each given as example_inputs is, "
+                             f"got {type(check_inputs).__name__}")
+        for i, inputs in enumerate(check_inputs):
+            batch = _as_args(inputs)
+            try:
+                batches.append(Batch(f"check_inputs[{i}]", batch, _eager(model, batch)))
+            except Exception as err:  # noqa: BLE001 -- say which batch, keep the model's error
+                raise ValueError(f"tune_model: the model raised {type(err).__name__} on check_inputs[{i}] ({err}); "
+                                 "check_inputs is a list of batches, each given as example_inputs is") from err
+        return batches
+    drawn = _drawn(model, args, seed)
+    if drawn is None:
+        warnings.warn("tune_model: the model rejected every batch drawn like the example inputs, so the accuracy "
+                      "contract is checked on the example inputs only; pass check_inputs=[...] to check it on "
+                      "held-out batches", stacklevel=3)
+    else:
+        batches.append(Batch("held-out (drawn like the example)", drawn[0], drawn[1]))
+    return batches
+
+
+def timing_batches(model: torch.nn.Module, checks: Sequence[Batch], count: int, seed: int = 1000) \
+        -> list[tuple[Any, ...]]:
+    """`count` batches to time a model on, cycled: the check batches (the example first), then batches drawn
+    like the example (fresh rows: `draw_like`) until there are `count`."""
+    out = [b.args for b in checks][:count]
+    while len(out) < count:
+        drawn = _drawn(model, checks[0].args, seed + len(out))
+        if drawn is None:
+            break  # the model rejects drawn batches: time the ones there are
+        out.append(drawn[0])
+    return out
+
+
+def _drawn(model: torch.nn.Module, args: tuple[Any, ...], seed: int) -> tuple[tuple[Any, ...], Any] | None:
+    """(a batch drawn like `args`, the eager outputs on it): fresh rows first, else a reshuffle; None if the
+    model rejects both (e.g. integer inputs whose sums must match other inputs' lengths)."""
+    for fresh in (True, False):
+        batch = draw_like(args, seed, fresh)
+        try:
+            return batch, _eager(model, batch)
+        except Exception:  # noqa: BLE001 -- the model's inputs have constraints a draw cannot know
+            continue
+    return None
+
+
+def draw_like(args: Any, seed: int, fresh: bool = True) -> Any:
+    """A batch of the same structure, shapes and dtypes as `args`, drawn like it. Float tensors: each feature
+    (column) resampled from its own values in the batch, so samples mix features they never had together.
+    Integer tensors sorted along dim 0 (offsets) stay as they are; other integer tensors (indices): with
+    `fresh`, each value drawn from the batch's values at their frequencies, except a share that new values
+    take, uniform over the batch's range: the share of values seen once (Good-Turing's estimate of the chance
+    that the next value was never seen), so a Zipf stream keeps its hot rows and gathers fresh cold ones, as a
+    model's next batch does. Without `fresh`, permuted along dim 0 (every value kept: lengths keep their sum).
+    Other values (bool tensors, scalars, non-tensors) are kept."""
+    gen = torch.Generator().manual_seed(seed)
+    return pytree.tree_map(lambda v: _redrawn(v, gen, fresh) if isinstance(v, torch.Tensor) else v, args)
+
+
+def _redrawn(x: torch.Tensor, gen: torch.Generator, fresh: bool) -> torch.Tensor:
+    if x.dim() == 0 or x.numel() == 0 or x.dtype == torch.bool or x.is_complex():
+        return x
+    if x.is_floating_point():
+        rows = x.reshape(x.shape[0], -1)
+        pick = torch.randint(0, x.shape[0], rows.shape, generator=gen).to(x.device)
+        return rows.gather(0, pick).reshape(x.shape)
+    if x.dim() == 1 and bool((x[1:] >= x[:-1]).all()):
+        return x  # offsets (or any sorted integers): their order is their meaning
+    if not fresh:
+        return x[torch.randperm(x.shape[0], generator=gen).to(x.device)]
+    flat = x.reshape(-1)
+    n = flat.numel()
+    out = flat[torch.randint(0, n, (n,), generator=gen).to(x.device)]
+    _, counts = flat.unique(return_counts=True)
+    new = (torch.rand(n, generator=gen) < float((counts == 1).sum()) / n).to(x.device)
+    lo, hi = int(flat.min()), int(flat.max())
+    out[new] = torch.randint(lo, hi + 1, (int(new.sum()),), generator=gen, dtype=x.dtype).to(x.device)
+    return out.reshape(x.shape)
+
+
+# ---- errors -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchError:
+    """The rewritten model's output error on one check batch, and what the tolerance allowed there."""
+
+    batch: str
+    error: float  # max |optimized - eager| over the output tensors
+    allowed: float  # the bound of the output tensor that came closest to its own
+    ratio: float  # the worst output's error / its bound (<= 1: within the tolerance)
+
+    @property
+    def holds(self) -> bool:
+        return self.ratio <= 1.0
+
+    def __str__(self) -> str:
+        return f"{self.batch}: max |optimized - eager| {self.error:.2g} (allowed {self.allowed:.2g})"
+
+
+def output_error(batch: str, out: Any, eager: Any, tolerance: Tolerance) -> BatchError:
+    """`out` against `eager` (the same structure of outputs) under `tolerance`."""
+    a, b = pytree.tree_leaves(eager), pytree.tree_leaves(out)
+    if len(a) != len(b):
+        return BatchError(batch, math.inf, 0.0, math.inf)
+    worst = BatchError(batch, 0.0, 0.0, 0.0)
+    error = 0.0
+    for ref, got in zip(a, b):
+        if not isinstance(ref, torch.Tensor):
+            e, allowed = (0.0 if ref == got else math.inf), 0.0
+        elif not isinstance(got, torch.Tensor) or got.shape != ref.shape:
+            e, allowed = math.inf, 0.0
+        else:
+            e = float((got.double() - ref.double()).abs().nan_to_num(math.inf).max()) if ref.numel() else 0.0
+            allowed = tolerance.allowed(ref)
+        ratio = e / allowed if allowed > 0 else (0.0 if e == 0 else math.inf)
+        error = max(error, e)
+        if ratio >= worst.ratio:
+            worst = BatchError(batch, error, allowed, ratio)
+    return BatchError(batch, error, worst.allowed, worst.ratio)
+
+
+def check(model: Any, batches: Sequence[Batch], tolerance: Tolerance) -> list[BatchError]:
+    """The rewritten `model`'s output error on each check batch."""
+    with torch.inference_mode():
+        return [output_error(b.name, model(*b.args), b.eager, tolerance) for b in batches]
+
+
+# ---- each layer's share of the error (simulated) ------------------------------------------------------------
+class _Simulated(fx.Interpreter):
+    """The captured graph with some nodes computed by their layers' reduced-precision simulations."""
+
+    def __init__(self, gm: fx.GraphModule, layers: Sequence[Reduced]):
+        super().__init__(gm)
+        self.layers = {layer.node: layer for layer in layers}
+
+    def run_node(self, n: fx.Node) -> Any:
+        layer = self.layers.get(n.name)
+        if layer is None:
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        return layer.simulate(*args, **kwargs)
+
+
+def simulated_ratio(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced],
+                    tolerance: Tolerance) -> float:
+    """The worst error / allowed over the batches, with `layers` in reduced precision (simulated) and the rest
+    of the captured graph `gm` as the model runs it."""
+    worst = 0.0
+    with torch.inference_mode():
+        for b in batches:
+            out = _Simulated(gm, layers).run(*flat_inputs(gm, b.args))  # the outputs flat: compared leaf by leaf
+            worst = max(worst, output_error(b.name, out, b.eager, tolerance).ratio)
+    return worst
+
+
+def layer_shares(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced],
+                 tolerance: Tolerance) -> dict[str, float]:
+    """{layer node: the model's error / allowed, worst over the batches, with that layer alone in reduced
+    precision}: each layer's share of the error."""
+    return {layer.node: simulated_ratio(gm, batches, [layer], tolerance) for layer in layers}
+
+
+def plan(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced], tolerance: Tolerance,
+         shares: dict[str, float]) -> list[str]:
+    """The layers to keep in fp32, in fallback order (largest share of the error first): the shortest prefix
+    of that order with which the simulated model holds `tolerance`."""
+    order = fallback_order(shares)
+    for i in range(len(order) + 1):
+        rest = [layer for layer in layers if layer.node not in order[:i]]
+        if not rest or simulated_ratio(gm, batches, rest, tolerance) <= 1.0:
+            return order[:i]
+    return order
+
+
+def fallback_order(shares: dict[str, float]) -> list[str]:
+    """Layer nodes, the most error-sensitive first (ties: in graph order, as `shares` lists them)."""
+    return sorted(shares, key=lambda name: -shares[name])
+
+
+# ---- the report ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerPrecision:
+    """One layer a quantizing rule could run in reduced precision: where it ended up, and why."""
+
+    where: str
+    what: str
+    precision: str  # "int8" or "fp32"
+    share: float  # the model's error / allowed with this layer alone in reduced precision (simulated, worst
+    #               check batch): its share of the error
+    why: str = ""  # why it is fp32: the tolerance, or its match's own reason (slower, no kernel, ...)
+
+    def __str__(self) -> str:
+        alone = f"{self.share:.2g}x the allowed error alone in reduced precision"
+        return f"{self.where or '(model)'} {self.what}: {self.precision} ({alone}" + \
+            (f"; {self.why})" if self.why else ")")
+
+
+@dataclass
+class AccuracyReport:
+    """The contract, each reduced-precision layer's precision, and the rewritten model's measured error."""
+
+    tolerance: Tolerance
+    errors: list[BatchError] = field(default_factory=list)
+    layers: list[LayerPrecision] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return all(e.holds for e in self.errors)
+
+    @property
+    def max_error(self) -> float | None:
+        return max((e.error for e in self.errors), default=None)
+
+    def lines(self) -> list[str]:
+        verdict = "holds" if self.holds else "BROKEN"
+        out = [f"accuracy: |optimized - eager| <= {self.tolerance} per output, {verdict} on "
+               f"{len(self.errors)} batch(es)"]
+        out += [f"  {e}" for e in self.errors]
+        if self.layers:
+            fp32 = sum(layer.precision != "int8" for layer in self.layers)
+            out.append(f"reduced-precision layers: {len(self.layers) - fp32} int8, {fp32} fp32")
+            out += [f"  {layer}" for layer in self.layers]
+        return out

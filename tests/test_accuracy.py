@@ -1,0 +1,275 @@
+"""tune_model's accuracy contract (autotune/torch/accuracy.py), with quantizing rules of the test's own: no
+tuning, no TVM. A rule "quantizes" a Linear by adding a fixed error to its output, and says so in its `Reduced`
+simulation; the contract must keep the layers that break the tolerance in fp32, the most error-sensitive first,
+and say so in the report. The operators' own int8 rule under the contract: tests/test_tune_model.py (slow).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import autotune.torch as at
+from autotune.torch import accuracy as A
+from autotune.torch import graph as G
+from search_spaces.template import GraphMatch, GraphRule, Reduced
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)).eval()
+
+
+def batch(seed: int = 0, rows: int = 32) -> tuple[torch.Tensor]:
+    return (torch.randn(rows, 8, generator=torch.Generator().manual_seed(seed)),)
+
+
+def _offset(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, error: float) -> torch.Tensor:
+    return aten.linear.default(x, w, b) + error
+
+
+def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = None) -> GraphRule:
+    """A quantizing rule: each Linear at a module path in `errors` becomes linear + that error; its simulation
+    adds `simulated`'s error instead where given (a simulation that misjudges the layer)."""
+    simulated = errors if simulated is None else simulated
+
+    def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
+        for n in list(gm.graph.nodes):
+            path = G.module_path(n)
+            if n.op != "call_function" or n.target is not aten.linear.default or n in claimed or path not in errors:
+                continue
+
+            def replace(gm: Any, n: Any = n, e: float = errors[path]) -> tuple[Any, ...]:
+                with gm.graph.inserting_before(n.next):
+                    return (gm.graph.call_function(_offset, n.args, {"error": e}),)
+
+            sim = simulated[path]
+            yield GraphMatch("noisy", (n,), (n,), (), replace, tolerance=(0.0, 1.0), where=path, what=f"noisy {path}",
+                             reduced=(Reduced(n.name, path, f"Linear at {path}, noisy",
+                                              lambda *a, e=sim, **k: _offset(*a, **k, error=e)),))
+
+    return GraphRule("noisy", find, 5, quantizes=True)
+
+
+def tune(model: nn.Module, args: Any, tmp_path: Any, **kw: Any) -> tuple[Any, Any]:
+    kw.setdefault("require_speedup", False)
+    return at.tune_model(model, args, log_dir=tmp_path / "logs", progress=False, bench_rounds=0, **kw)
+
+
+def precisions(report: Any) -> dict[str, str]:
+    return {layer.where: layer.precision for layer in report.accuracy.layers}
+
+
+# ---- the contract ---------------------------------------------------------------------------------------------
+def test_layers_that_break_the_tolerance_stay_fp32_the_most_sensitive_first(tmp_path):
+    model, args = mlp(), batch()
+    rule = noisy_rule({"0": 1e-3, "2": 3e-3, "4": 5e-2})  # the last layer's error reaches the output as it is
+    opt, report = tune(model, args, tmp_path, rules=[rule], tolerance=1e-2)
+    assert precisions(report) == {"0": "int8", "2": "int8", "4": "fp32"}, str(report)
+    shares = {layer.where: layer.share for layer in report.accuracy.layers}
+    assert shares["4"] == pytest.approx(5.0, rel=1e-3) and shares["4"] > shares["2"] > 0 and shares["0"] > 0
+    assert report.accuracy.holds and len(report.accuracy.errors) == 2  # the example and one drawn like it
+    assert all(0 < e.error <= 1e-2 and e.allowed == 1e-2 for e in report.accuracy.errors)
+    text = str(report)
+    assert "accuracy: |optimized - eager| <= 0.01 per output, holds on 2 batch(es)" in text
+    assert "held-out (drawn like the example): max |optimized - eager|" in text
+    assert "4 Linear at 4, noisy: fp32 (5x the allowed error alone in reduced precision; kept in fp32 to hold the " \
+           "tolerance)" in text
+    assert "reduced-precision layers: 2 int8, 1 fp32" in text
+    with torch.inference_mode():
+        err = float((opt(*batch(7)) - model(*batch(7))).abs().max())
+    assert 0 < err <= 1e-2
+    # a looser contract keeps every layer in int8; the default (1e-2 on outputs of this size) does what 1e-2 did
+    _, loose = tune(model, args, tmp_path, rules=[rule], tolerance=at.Tolerance(atol=0.1))
+    assert set(precisions(loose).values()) == {"int8"}
+    _, default = tune(model, args, tmp_path, rules=[rule])
+    assert precisions(default) == precisions(report)
+
+
+def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model(tmp_path):
+    """The simulation calls every layer harmless; the real replacement of "2" is not: the rewritten model breaks
+    the tolerance, so layers go fp32 in fallback order until it holds."""
+    model, args = mlp(), batch()
+    rule = noisy_rule({"0": 0.0, "2": 0.5, "4": 1e-4}, simulated={"0": 0.0, "2": 1e-4, "4": 2e-4})
+    _, report = tune(model, args, tmp_path, rules=[rule], tolerance=1e-2)
+    # in the simulation's order: "4" (the most sensitive there), then "2", after which the model holds
+    assert precisions(report) == {"0": "int8", "2": "fp32", "4": "fp32"}, str(report)
+    assert report.accuracy.holds
+
+
+def test_a_replacement_right_only_on_the_example_is_caught_on_held_out_batches(tmp_path):
+    """The replacement is the example's output, a constant: exact on the example, wrong on any other batch."""
+    model, args = mlp(), batch()
+    with torch.no_grad():
+        baked = model(*args)
+
+    def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
+        out = next(n for n in gm.graph.nodes if n.op == "call_function" and G.module_path(n) == "4")
+
+        def replace(gm: Any) -> tuple[Any, ...]:
+            gm.register_buffer("autotune_baked", baked.clone())
+            with gm.graph.inserting_before(out.next):
+                return (gm.graph.get_attr("autotune_baked"),)
+
+        yield GraphMatch("baked", (out,), (out,), (), replace, where="4", what="the example's output",
+                         reduced=(Reduced(out.name, "4", "baked", lambda *a, **k: baked),))
+
+    rule = GraphRule("baked", find, 5, quantizes=True)
+    _, alone = tune(model, args, tmp_path, rules=[rule], check_inputs=[])  # the example only: it passes
+    assert precisions(alone) == {"4": "int8"} and [e.batch for e in alone.accuracy.errors] == ["example"]
+    _, drawn = tune(model, args, tmp_path, rules=[rule])
+    assert precisions(drawn) == {"4": "fp32"} and not drawn.replaced and "unchanged" in drawn.note
+    _, given = tune(model, args, tmp_path, rules=[rule], check_inputs=[batch(3), batch(4)])
+    assert precisions(given) == {"4": "fp32"}
+    assert [e.batch for e in given.accuracy.errors] == ["example", "check_inputs[0]", "check_inputs[1]"]
+
+
+def test_fp32_rules_are_held_to_the_fp32_contract_and_a_model_that_breaks_it_comes_back_unchanged(tmp_path):
+    model, args = mlp(), batch()
+
+    def nudge(gm: Any, n: Any) -> Any:
+        return gm.graph.call_function(aten.add.Tensor, (gm.graph.call_function(n.target, n.args), 1e-3))
+
+    def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
+        n = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.relu.default)
+
+        def replace(gm: Any) -> tuple[Any, ...]:
+            with gm.graph.inserting_before(n.next):
+                return (nudge(gm, n),)
+
+        yield GraphMatch("nudge", (n,), (n,), (), replace, tolerance=(0.0, 1e-2), where="1", what="relu + 1e-3")
+
+    rule = GraphRule("nudge", find, 5)  # fp32: agrees within its own 1e-2, not within the model's 1e-4
+    opt, report = tune(model, args, tmp_path, rules=[rule], quantize=False)
+    assert opt is model and not report.accuracy.holds and "breaks the tolerance" in report.note
+    assert "BROKEN" in str(report) and report.accuracy.tolerance == A.FP32_EXACT
+    opt, report = tune(model, args, tmp_path, rules=[rule], quantize=False, tolerance=1e-2)
+    assert opt is not model and report.accuracy.holds
+
+
+@pytest.mark.parametrize("bad, match", [
+    (-1.0, "atol must be a number >= 0"), (math.nan, "atol must be a number >= 0"),
+    ("1e-2", "tolerance must be a number"), (True, "tolerance must be a number"),
+    ((1e-2, 1e-2), "tolerance must be a number")])
+def test_a_bad_tolerance_is_a_clear_error_before_anything_runs(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        tune(mlp(), batch(), tmp_path, rules=[noisy_rule({"4": 0.0})], tolerance=bad)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_the_tolerance_and_its_defaults():
+    assert A.default_tolerance(None, quantize=True) == A.INT8 == at.Tolerance(atol=1e-2, rtol=1e-2)
+    assert A.default_tolerance(None, quantize=False) == A.FP32_EXACT
+    assert A.default_tolerance(0.05, quantize=True) == at.Tolerance(atol=0.05)
+    assert A.default_tolerance(math.inf, quantize=True).allowed(torch.ones(3)) == math.inf
+    with pytest.raises(ValueError, match="rtol must be a number >= 0"):
+        at.Tolerance(rtol=-0.1)
+    probabilities, logits = torch.tensor([0.1, 0.9]), torch.tensor([-30.0, 4.0])
+    assert A.INT8.allowed(probabilities) == 1e-2  # absolute where outputs are within [-1, 1]
+    assert A.INT8.allowed(logits) == pytest.approx(0.3)  # 1% of the range elsewhere
+    assert str(A.INT8) == "max(0.01, 0.01 x max|eager|)" and str(at.Tolerance(atol=0.5)) == "0.5"
+    e = A.output_error("b", (torch.tensor([0.5, 0.52]),), (torch.tensor([0.5, 0.5]),), A.INT8)
+    assert e.error == pytest.approx(0.02) and not e.holds and e.ratio == pytest.approx(2.0)
+    assert A.output_error("b", torch.ones(2, 2), torch.ones(2), A.INT8).ratio == math.inf  # another shape
+
+
+def test_check_inputs_and_timing_batches_are_validated(tmp_path):
+    model, args, rule = mlp(), batch(), noisy_rule({"4": 0.0})
+    with pytest.raises(ValueError, match="check_inputs must be a list of batches"):
+        tune(model, args, tmp_path, rules=[rule], check_inputs=torch.randn(4, 8))
+    with pytest.raises(ValueError, match=r"raised RuntimeError on check_inputs\[0\]"):
+        tune(model, args, tmp_path, rules=[rule], check_inputs=[torch.randn(4, 5)])
+    with pytest.raises(ValueError, match="timing_batches must be an int >= 1"):
+        tune(model, args, tmp_path, rules=[rule], timing_batches=0)
+
+
+# ---- batches drawn like the example ---------------------------------------------------------------------------
+def test_batches_drawn_like_the_example_keep_structure_and_validity():
+    dense = torch.randn(64, 4)
+    offsets = torch.arange(0, 128, 2)
+    zipf = torch.tensor([0] * 60 + [1] * 30 + list(range(2, 40)))  # a hot head and a tail seen once, in
+    zipf = zipf[torch.randperm(128, generator=torch.Generator().manual_seed(0))]  # no order (sorted: offsets)
+    drawn = A.draw_like((dense, [zipf], [offsets], 3), seed=1)
+    d, (z,), (o,), three = drawn
+    assert d.shape == dense.shape and three == 3 and torch.equal(o, offsets)  # offsets (sorted) kept
+    for j in range(4):  # each column drawn from its own values, mixing rows
+        assert set(d[:, j].tolist()) <= set(dense[:, j].tolist())
+    assert not torch.equal(d, dense)
+    assert z.shape == zipf.shape and z.dtype == zipf.dtype and 0 <= int(z.min()) and int(z.max()) <= 39
+    assert (z == 0).sum() > 20 and not torch.equal(z, zipf)  # the hot value stays hot
+    seen = torch.tensor([99] + [0] * 60 + [17, 5])  # 3 values seen once in 63: about 4.8% of a draw is new values,
+    spread = torch.cat([A.draw_like(seen, seed=s) for s in range(200)])  # uniform over [0, 99]
+    share = float((~torch.isin(spread, seen)).float().mean())
+    assert 0.03 < share < 0.065 and int(spread.max()) <= 99
+    perm = A.draw_like(zipf, seed=2, fresh=False)
+    assert sorted(perm.tolist()) == sorted(zipf.tolist()) and not torch.equal(perm, zipf)
+
+
+def test_a_model_that_rejects_drawn_batches_is_checked_on_the_example_with_a_warning():
+    class Strict(nn.Module):
+        def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            if not torch.equal(lengths, torch.arange(lengths.numel(), 0, -1)):
+                raise ValueError("lengths must count down")
+            return x * 2
+
+    args = (torch.randn(8, 3), torch.arange(8, 0, -1))
+    with pytest.warns(UserWarning, match="checked on the example inputs only"):
+        checks = A.check_batches(Strict(), args, None)
+    assert [b.name for b in checks] == ["example"]
+    assert A.timing_batches(Strict(), checks, 8) == [args]
+
+
+# ---- timing on fresh batches ----------------------------------------------------------------------------------
+def test_the_speed_check_cycles_through_the_timing_batches(monkeypatch):
+    """Old and new code are timed on the example's values, then each timing batch's, in turn; a new get_attr
+    (a packed weight) is an input the cycle keeps."""
+    from autotune.torch import speed
+
+    model = mlp()
+    args, other = batch(0), batch(1)
+    gm = G.capture(model, args)
+
+    def doubled(gm: Any, n: Any) -> Any:
+        gm.register_buffer("autotune_one", torch.ones(1))
+        one = gm.graph.get_attr("autotune_one")
+        return gm.graph.call_function(aten.mul.Tensor, (gm.graph.call_function(n.target, n.args), one))
+
+    def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
+        n = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.relu.default][0]
+
+        def replace(gm: Any) -> tuple[Any, ...]:
+            with gm.graph.inserting_before(n.next):
+                return (doubled(gm, n),)
+
+        yield GraphMatch("times_one", (n,), (n,), (), replace, where="1", what="relu * 1")
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def time_pair(old: Any, new: Any, check: Any) -> tuple[float, float]:
+        for _ in range(3):
+            seen.append((old()[0], new()[0]))
+        return 1.0, 0.5
+
+    monkeypatch.setattr(speed, "time_pair", time_pair)
+    done = G.rewrite(gm, args, [GraphRule("times_one", find, 5)], speed=G.SpeedCheck(rounds=1, seconds=1e-3),
+                     timing_inputs=[other])
+    assert len(done.replaced) == 1, done.kept
+    with torch.no_grad():
+        first = torch.relu(model[0](args[0]))
+        second = torch.relu(model[0](other[0]))
+    assert [torch.equal(o, n) for o, n in seen] == [True] * 3
+    assert torch.equal(seen[0][0], first) and torch.equal(seen[1][0], second) and torch.equal(seen[2][0], first)
