@@ -1,10 +1,11 @@
 """How an embedding table stores its rows: the `dtype` field of the embedding-bag workloads.
 
 Gathers of random rows are bound by the bytes each lookup moves, so tables are served at reduced precision
-(FBGEMM's and TorchRec's inference tables): fp16 and bf16 rows, and int8 rows in FBGEMM's fused row-wise layout,
-each row its `dim` uint8 values, then its float32 scale and bias (`torch.ops.quantized.embedding_bag_byte_prepack`,
-FBGEMM's `FloatToFused8BitRowwiseQuantized`), so that tables quantized by FBGEMM or TorchRec load as they are:
-value = scale * q + bias. Every kernel accumulates and writes float32; the reference is the float32 pooling of
+(as FBGEMM and TorchRec serve inference tables): fp16 and bf16 rows, and int8 rows in FBGEMM's fused 8-bit
+row-wise layout, each row its `dim` uint8 values, then its float32 scale and bias (FBGEMM's
+`FloatToFused8BitRowwiseQuantized`, written by PyTorch's `torch.ops.quantized.embedding_bag_byte_prepack`), so
+that tables quantized that way load as they are: value = scale * q + bias. (TorchRec's inference TBE keeps an fp16
+scale and bias before each row instead: such a table needs converting.) Every kernel accumulates and writes float32; the reference is the float32 pooling of
 the dequantized table. No TVM at module level: a package of exported kernels runs without it.
 """
 

@@ -383,8 +383,8 @@ class QuantizedEmbeddingBag(nn.Module):
     """An inference embedding bag over a reduced-precision table (rows.py), pooled by
     `torch.ops.autotune.embedding_bag` into float32: `EmbeddingBag.quantized(bag, "int8")` converts an
     `nn.EmbeddingBag`'s table once; `QuantizedEmbeddingBag(weight, ...)` takes a table already in float16,
-    bfloat16 or FBGEMM's fused int8 rows (uint8, e.g. from `torch.ops.quantized.embedding_bag_byte_prepack` or
-    TorchRec) as it is. The table is a buffer (saved in the state dict), not a Parameter: it trains no more."""
+    bfloat16 or FBGEMM's fused int8 rows (uint8, e.g. from `torch.ops.quantized.embedding_bag_byte_prepack`) as
+    it is. The table is a buffer (saved in the state dict), not a Parameter: it trains no more."""
 
     def __init__(self, weight: Tensor, mode: str = "sum", include_last_offset: bool = False,
                  padding_idx: Optional[int] = None, validate: bool = True):
