@@ -79,16 +79,22 @@ class RowFormat:
 
         return T.decl_buffer((W.shape[0], self.width // 4), "float32", data=W.data)
 
-    def load(self, W: Any, S: Any, row: Any, d: Any) -> Any:
-        """Element d of row `row` of table W as float32 (S: `scales(W)` for int8, unused otherwise)."""
+    def load(self, W: Any, S: Any, row: Any, d: Any, bias: bool = True) -> Any:
+        """Element d of row `row` of table W as float32 (S: `scales(W)` for int8, unused otherwise); without the
+        int8 row's `bias`, which a kernel may add once per row instead of once per element (`bias_of`)."""
         from tvm.script import tirx as T
 
         if self.dtype == "float32":
             return W[row, d]
         value = T.Cast("float32", W[row, d])
         if self.fused:
-            return value * S[row, self.dim // 4] + S[row, self.dim // 4 + 1]
+            scaled = value * S[row, self.dim // 4]
+            return scaled + self.bias_of(S, row) if bias else scaled
         return value
+
+    def bias_of(self, S: Any, row: Any) -> Any:
+        """An int8 row's bias (S: `scales(W)`)."""
+        return S[row, self.dim // 4 + 1]
 
 
 def check_dtype(dtype: str, dim: int) -> str | None:

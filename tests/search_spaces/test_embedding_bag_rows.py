@@ -109,6 +109,36 @@ def test_int8_prefetch_reaches_the_line_of_the_scale_and_bias():
     torch.testing.assert_close(run(task, cfg, *tensors), eb.reference(task.workload, *tensors), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fields", [dict(), dict(mode="mean", padding_idx=3), dict(per_sample_weights=True, padding_idx=0)],
+                         ids=["sum", "mean-pad", "weighted-pad"])
+def test_int8_rows_pooled_into_the_scratch_add_their_bias_once_per_row(fields):
+    """Into the scratch, an int8 row's values are scaled per element and its bias added once, into a column of
+    its own: groups and remainders of unrolled rows, padded and out-of-range rows (not added) alike."""
+    task = make_task("embedding_bag", "cpu", rows=50, dim=32, batch=11, pooling=(0, 9), dtype="int8", **fields)
+    w, tensors = task.workload, eb.inputs(task.workload, seed=4)
+    for unroll, accumulator in ((4, "local"), (1, "local"), (2, "output")):
+        cfg = task.space.make({**task.space.default().to_json(), "unroll": unroll, "accumulator": accumulator})
+        script = eb.lower(w, cfg, task.device.target()).script()
+        split = accumulator == "local" or w.mode == "mean"
+        assert ('"acc_bias"' in script) == split and ('"acc_tail_bias"' in script) == (split and unroll > 1)
+        torch.testing.assert_close(run(task, cfg, *tensors), eb.reference(w, *tensors), rtol=1e-5, atol=1e-5,
+                                   msg=str(cfg))
+    bad = tensors[1].clone()
+    bad[[1, -2]] = torch.tensor([50, -1])  # not read, nothing added for them (their bias neither)
+    cfg = task.space.make({**task.space.default().to_json(), "unroll": 4, "accumulator": "local"})
+    args, out = task.kernel_args(cfg, (), (tensors[0], bad, *tensors[2:]))
+    compile_module(task, cfg)["main"](*args)
+    kept = bad.clone()
+    absent = (bad < 0) | (bad >= 50)
+    kept[absent] = 0
+    weights = tensors[3].clone() if w.per_sample_weights else torch.ones(bad.numel())
+    weights[absent] = 0  # an absent row adds nothing: a weight of 0 on row 0
+    expected = F.embedding_bag(kept, dequantize(tensors[0], "int8"), tensors[2], mode="sum", per_sample_weights=weights,
+                               padding_idx=w.padding_idx) if w.mode == "sum" else None
+    if expected is not None:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["sm_90"])
 def test_gpu_kernels_of_reduced_tables_build_within_the_device_limits(gpu_builder, arch):
     for dtype in REDUCED:
