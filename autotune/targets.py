@@ -1,9 +1,10 @@
 """Device names users type (`cpu`, `cpu:znver3`, `cuda:sm_90`, `cuda`) -> TVM targets and device limits.
 
 The one place TVM targets are built, but for `target_from_json` (a record's JSON), which the cost model needs
-and so lives a layer below, in search_spaces.template (re-exported here). A GPU device carries its limits (what a kernel may use: TVM's GPU
-verification and the templates' spaces read them from the target) and its roofline (what the bench compares
-against). Published figures are dense, per card; `cuda` asks PyTorch about the local GPU.
+and so lives a layer below, in search_spaces.template (re-exported here). A GPU device carries its limits (what
+a kernel may use: TVM's GPU verification and the templates' spaces read them from the target) and its roofline
+(what the bench compares against). Published figures are dense, per card; `cuda` asks PyTorch about the local
+GPU.
 """
 
 from __future__ import annotations
