@@ -1,8 +1,10 @@
 """Device names users type (`cpu`, `cpu:znver3`, `cuda:sm_90`, `cuda`) -> TVM targets and device limits.
 
-The one place TVM targets are built. A GPU device carries its limits (what a kernel may use: TVM's GPU
-verification and the templates' spaces read them from the target) and its roofline (what the bench compares
-against). Published figures are dense, per card; `cuda` asks PyTorch about the local GPU.
+The one place TVM targets are built, but for `target_from_json` (a record's JSON), which the cost model needs
+and so lives a layer below, in search_spaces.template (re-exported here). A GPU device carries its limits (what
+a kernel may use: TVM's GPU verification and the templates' spaces read them from the target) and its roofline
+(what the bench compares against). Published figures are dense, per card; `cuda` asks PyTorch about the local
+GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any
+
+from search_spaces.template import target_from_json  # noqa: F401  (re-exported)
 
 
 class UnknownDevice(ValueError):
@@ -78,15 +82,6 @@ class Device:
 
     def to_json(self) -> dict[str, Any]:
         return {k: json.loads(v) if k == "host" else v for k, v in self.target_json}
-
-
-def target_from_json(spec: dict[str, Any]) -> Any:
-    """A tvm Target from its JSON as devices and records hold it (a "host" entry is the host target)."""
-    import tvm
-
-    spec = dict(spec)
-    host = spec.pop("host", None)
-    return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
 
 @functools.lru_cache(maxsize=None)

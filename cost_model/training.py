@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from search_spaces import InvalidConfig
+from search_spaces.template import target_from_json
 
 from .features import Columns, row, uses_knobs, uses_program
 
@@ -85,8 +86,6 @@ class TrainingSet:
     def _space(self, r: Any) -> tuple[Any, Any]:
         key = (r.op, r.workload_key, r.device)
         if key not in self._spaces:
-            from autotune.targets import target_from_json  # here: autotune's tuner imports this module
-
             template = self.template(r.op)
             workload = template.Workload.from_json(r.workload)
             space = template.space(workload, target_from_json(r.target)) if r.op == self.op else None

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 __all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule",
            "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device",
-           "is_gpu", "parse_shape"]
+           "is_gpu", "parse_shape", "target_from_json"]
 
 
 class WorkloadError(ValueError):
@@ -150,6 +150,17 @@ def is_gpu(target: Any) -> bool:
     """Whether a tvm Target (or its kind name) is a GPU one: templates pick their CUDA or CPU module by it."""
     kind = target if isinstance(target, str) else getattr(getattr(target, "kind", None), "name", "")
     return kind.split(":")[0] in ("cuda", "nvptx", "rocm")
+
+
+def target_from_json(spec: dict[str, Any]) -> Any:
+    """A tvm Target from its JSON as devices and records hold it (a "host" entry is the host target): here, below
+    autotune, because the cost model rebuilds the targets of the records it learns from (autotune.targets
+    re-exports it)."""
+    import tvm
+
+    spec = dict(spec)
+    host = spec.pop("host", None)
+    return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
 
 def by_device(cpu: Any, cuda: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:

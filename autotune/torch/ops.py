@@ -211,5 +211,6 @@ def register(template: Any) -> TorchBinding | None:
     return b
 
 
+registry.on_register(register)  # `load` registers the ops of a package's out-of-tree templates through it
 for _name in search_spaces.names():
     register(search_spaces.get(_name))

@@ -19,7 +19,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import search_spaces
 from search_spaces.space import Config
@@ -284,17 +284,26 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
     return pkg
 
 
+_register_op: Callable[[Any], TorchBinding | None] | None = None  # ops.register, handed in by on_register
+
+
+def on_register(register: Callable[[Any], TorchBinding | None]) -> None:
+    """How `load` makes the torch op of a package's template: ops hands its `register` in on import, so that
+    the ops import the registry and the registry never imports the ops."""
+    global _register_op
+    _register_op = register
+
+
 def _bind(op: str, bindings: dict[str, tuple[Any, TorchBinding]]) -> str | None:
     """Register the torch op of a package entry's template (into `bindings`), or say why there is none."""
-    from . import ops
-
     if op in bindings:
         return None
     try:
         template = search_spaces.get(op)
     except (search_spaces.UnknownOperator, ImportError) as err:
         return f"unknown operator: {err}"
-    binding = ops.register(template)
+    assert _register_op is not None, "autotune.torch.ops is imported (by autotune.torch) before any load"
+    binding = _register_op(template)
     if binding is None:
         return "no PyTorch operator for it"
     bindings[op] = (template, binding)
