@@ -14,7 +14,7 @@ import numpy as np
 
 import search_spaces
 from cost_model import TRANSFER_AS, Ranker, TaskFeaturizer, TrainingSet
-from cost_model.features import AUTO_FEATURES, resolve_feature_set, uses_program  # noqa: F401 (AUTO_FEATURES: old home)
+from cost_model.features import AUTO_FEATURES, resolve_feature_set, uses_program  # noqa: F401 (AUTO_FEATURES)
 from search_spaces import Config, InvalidConfig
 
 from . import records
@@ -33,8 +33,6 @@ class TuneResult:
     trials: list[records.Record] = field(default_factory=list)  # this run's records, in measured order
 
 
-
-
 def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
          batch_size: int | None = None, early_stopping: int | None = None, timing: Timing = Timing(),
          builder: Builder | None = None, runner: Any = None, progress: bool = True,
@@ -51,9 +49,9 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     `transfer_as` says how they meet the task's own (`cost_model.ranker`: a `prior` the task's records correct,
     or one `pooled` model).
     `features` picks the model's feature set (`cost_model.FEATURE_SETS`, or "auto"); `options` go to the
-    strategy (those its `search.Strategy` declares, e.g. {"epsilon": 0.2, "pool": 4}). Before it stops, a run that measured anything measures its
-    `confirm` fastest configs once more (not counted as trials): the best is the config whose pooled
-    measurements are fastest, not the luckiest single one.
+    strategy (those its `search.Strategy` declares, e.g. {"epsilon": 0.2, "pool": 4}). Before it stops, a run
+    that measured anything measures its `confirm` fastest configs once more (not counted as trials): the best
+    is the config whose pooled measurements are fastest, not the luckiest single one.
     """
     declared = strategy_named(strategy)
     if trials < 1:

@@ -57,9 +57,8 @@ from autotune.measure_cache import MeasurementCache
 from autotune.search import STRATEGIES
 from autotune.task import Task, make_task
 from autotune.tuner import check_strategy_options, strategy_named, tune
-from cost_model import TUNE_FEATURE_SETS
+from cost_model import TRANSFER_AS, TUNE_FEATURE_SETS
 from cost_model.features import AUTO
-from cost_model import TRANSFER_AS
 
 CHECKPOINTS = (8, 16, 32, 64)
 MARGINS = (0.02, 0.05, 0.10, 0.20)  # trials to within each, beside the requested margin: no one line decides
