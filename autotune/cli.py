@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Sequence
 
 import search_spaces
-from cost_model import TRANSFER_AS
+from cost_model import TRANSFER_AS, TUNE_FEATURE_SETS
+from cost_model.features import AUTO, describe_feature_sets
 from search_spaces import InvalidConfig, UnknownOperator, WorkloadError
 
 from autotune.check import DEFAULT_CASES, DEFAULT_TIMEOUT_S
 from autotune.inspect_cache import skip_moduleless_frames
 from autotune.records import ERROR_KINDS
 from autotune.rpc import RPCUnavailable
+from autotune.search import STRATEGIES
 
 STALE_HELP = "use records of older template code too (their kernels may differ from what the code generates now)"
 USER_ERRORS = (UnknownOperator, WorkloadError, InvalidConfig, FileNotFoundError, LookupError, ValueError,
@@ -39,12 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     task_args(t)
     t.add_argument("--trials", type=int, default=64)
     t.add_argument("--log", help="JSON-lines log to append to (and resume from); required unless --dry-run")
-    t.add_argument("--strategy", choices=("xgb", "annealing", "random"), default="xgb",
-                   help="xgb: the cost model scores the whole space; annealing: it guides simulated annealing")
+    t.add_argument("--strategy", choices=tuple(STRATEGIES), default="xgb",
+                   help="; ".join(s.describe(options=False) for s in STRATEGIES.values()))
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=int, default=None, help="configs per batch (default: the strategy's)")
-    t.add_argument("--features", choices=("auto", "knobs", "program", "all"), default="auto",
-                   help="what the cost model sees: knob encodings, program features of the lowered code, or both")
+    t.add_argument("--features", choices=TUNE_FEATURE_SETS, default=AUTO,
+                   help="what the cost model sees: " + describe_feature_sets())
     t.add_argument("--transfer", metavar="LOG", action="append", default=None,
                    help="logs whose records warm the cost model up (repeatable; default: the shipped logs)")
     t.add_argument("--no-transfer", action="store_true", help="start the cost model from this log alone")

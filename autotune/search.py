@@ -19,10 +19,13 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
+import inspect
 import math
 import random
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -192,8 +195,75 @@ def model_search(space: Space, seen: set[Config], n: int, rng: random.Random,
     return chosen + _random_unseen(space, seen | set(chosen), n - len(chosen), rng)
 
 
-STRATEGIES: dict[str, Callable[..., list[Config]]] = {
-    "xgb": model_search,
-    "annealing": annealing_search,
-    "random": random_search,
+@dataclass(frozen=True)
+class Strategy:
+    """A search strategy, declared once: `tune`, the CLI and the benchmarks read its name, one-line doc,
+    default batch, whether it needs a cost model and its options from here. An option's default is the
+    keyword default of `propose` (one home, so calling the function directly agrees)."""
+
+    name: str
+    propose: Callable[..., list[Config]]
+    doc: str
+    default_batch: int = 16
+    needs_model: bool = False
+    options: Mapping[str, str] = field(default_factory=dict)  # option name -> what it does
+
+    def __post_init__(self) -> None:
+        params = inspect.signature(self.propose).parameters
+        missing = [o for o in self.options if o not in params or params[o].default is inspect.Parameter.empty]
+        if missing:
+            raise TypeError(f"strategy {self.name}: options {missing} are not keyword arguments with a default "
+                            f"of {self.propose.__name__}")
+        if not isinstance(self.default_batch, int) or self.default_batch < 1:
+            raise ValueError(f"strategy {self.name}: default_batch must be a whole number >= 1")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Config]:
+        return self.propose(*args, **kwargs)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Each option's default value."""
+        params = inspect.signature(self.propose).parameters
+        return {o: params[o].default for o in self.options}
+
+    def describe(self, options: bool = True) -> str:
+        """One line for --help: the doc, the default batch and (with `options`) the options' defaults."""
+        opts = ", ".join(f"{o}={v!r}" for o, v in self.defaults.items()) if options else ""
+        return f"{self.name}: {self.doc} (batch {self.default_batch}{'; options ' + opts if opts else ''})"
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise ValueError naming the declared options if `options` has one that is not (a typo is an error)."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(f"strategy options {unknown} are not options of {self.propose.__name__}; "
+                             f"{self.name}'s options: {', '.join(self.options) or 'none'}")
+
+    def bind(self, options: Mapping[str, Any]) -> Callable[..., list[Config]]:
+        """`propose` with `options` bound, after checking they are declared."""
+        self.check_options(options)
+        return functools.partial(self.propose, **options) if options else self.propose
+
+
+_SEARCH_OPTIONS = {
+    "epsilon": "share of each batch proposed at random (0 to 1)",
+    "population": "annealing: points walked at once",
+    "steps": "annealing: steps per proposal",
+    "temperature": "annealing: (start, end) temperature, in units of the scores' spread",
 }
+
+# xgb refits its model every 4 trials: early on each measurement moves it most, and a refit plus scoring the
+# whole space takes a fraction of a second against a second or more per measured trial (benchmarks/search_sim.py)
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("xgb", model_search, "the cost model scores the whole space", default_batch=4, needs_model=True,
+             options={"epsilon": _SEARCH_OPTIONS["epsilon"],
+                      "pool": "with program features: the knob model shortlists pool * batch for the program model",
+                      "diversity": "the batch is picked from the model's diversity * batch best, skipping "
+                                   "near-copies (1: off)",
+                      "design": "what the first, model-less batch spreads over: " + ", ".join(DESIGNS),
+                      **{k: v for k, v in _SEARCH_OPTIONS.items() if k != "epsilon"}}),
+    Strategy("annealing", annealing_search, "the cost model guides simulated annealing", default_batch=16,
+             needs_model=True, options=dict(_SEARCH_OPTIONS)),
+    Strategy("random", random_search, "uniformly at random, no model", default_batch=16,
+             options={"default_first": "the template's default config first"}),
+)}
+"""The strategies by name; register one by adding a `Strategy` here."""

@@ -14,13 +14,13 @@ import numpy as np
 
 import search_spaces
 from cost_model import TRANSFER_AS, Ranker, TaskFeaturizer, TrainingSet
-from cost_model.features import check_feature_set, uses_program
+from cost_model.features import AUTO_FEATURES, resolve_feature_set, uses_program  # noqa: F401 (AUTO_FEATURES)
 from search_spaces import Config, InvalidConfig
 
 from . import records
 from .build import Builder, Built
 from .measure import LocalRunner, Measured, Timing, require_local_device
-from .search import STRATEGIES
+from .search import STRATEGIES, Strategy
 from .task import Task
 
 
@@ -31,12 +31,6 @@ class TuneResult:
     resumed: int  # candidates already in the log for this task
     curve: list[float] = field(default_factory=list)  # best latency after each trial of this run
     trials: list[records.Record] = field(default_factory=list)  # this run's records, in measured order
-
-
-# xgb refits its model every 4 trials: early on each measurement moves it most, and a refit plus scoring the
-# whole space takes a fraction of a second against a second or more per measured trial (benchmarks/search_sim.py)
-DEFAULT_BATCH = {"xgb": 4, "annealing": 16, "random": 16}
-AUTO_FEATURES = "all"  # what `features="auto"` means: the set that ranked best (benchmarks/rank_quality.py)
 
 
 def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
@@ -55,22 +49,21 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     `transfer_as` says how they meet the task's own (`cost_model.ranker`: a `prior` the task's records correct,
     or one `pooled` model).
     `features` picks the model's feature set (`cost_model.FEATURE_SETS`, or "auto"); `options` go to the
-    strategy (e.g. {"epsilon": 0.2, "pool": 4}). Before it stops, a run that measured anything measures its
-    `confirm` fastest configs once more (not counted as trials): the best is the config whose pooled
-    measurements are fastest, not the luckiest single one.
+    strategy (those its `search.Strategy` declares, e.g. {"epsilon": 0.2, "pool": 4}). Before it stops, a run
+    that measured anything measures its `confirm` fastest configs once more (not counted as trials): the best
+    is the config whose pooled measurements are fastest, not the luckiest single one.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    declared = strategy_named(strategy)
     if trials < 1:
         raise ValueError("trials must be >= 1")
-    batch_size = DEFAULT_BATCH.get(strategy, 16) if batch_size is None else batch_size
+    batch_size = declared.default_batch if batch_size is None else batch_size
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    feature_set = check_feature_set(AUTO_FEATURES if features == "auto" else features)
+    feature_set = resolve_feature_set(features)
     if transfer_as not in TRANSFER_AS:
         raise ValueError(f"transfer_as must be one of {', '.join(TRANSFER_AS)}, got {transfer_as!r}")
     retry = check_error_kinds(retry_errors)
-    propose = _with_options(STRATEGIES[strategy], options or {})
+    propose = declared.bind(options or {})
     space = task.space
     rng = random.Random(seed)
 
@@ -89,7 +82,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     best = records.best(mine, task.op, task.workload_key, task.device.name)
 
     model = _Model(task, space, feature_set, include_stale, seed, transfer_as) \
-        if strategy in _MODEL_STRATEGIES else None
+        if declared.needs_model else None
     if model is not None:
         model.learn(history + records.load_many(_transfer_logs(task, transfer, log)))
 
@@ -149,7 +142,6 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     return result
 
 
-_MODEL_STRATEGIES = ("xgb", "annealing")
 ENUMERATE_LIMIT = 200_000  # spaces up to this many knob combinations are scored whole, not annealed
 
 
@@ -217,22 +209,23 @@ class _Model:
         return self.main.score(cfgs)
 
 
-def _with_options(propose: Any, options: dict[str, Any]) -> Any:
-    """`propose` with the strategy options bound, after checking it takes them (a typo is an error)."""
-    if not options:
-        return propose
-    params = inspect.signature(propose).parameters
-    unknown = sorted(set(options) - {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY or
-                                      (p.default is not p.empty and n not in ("score", "elites"))})
-    if unknown:
-        raise ValueError(f"strategy options {unknown} are not options of {propose.__name__}")
-    return functools.partial(propose, **options)
+def strategy_named(strategy: str) -> Strategy:
+    """The declared strategy of that name (`search.STRATEGIES`), or a ValueError listing the known ones."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    return STRATEGIES[strategy]
 
 
 def check_strategy_options(strategy: str, options: dict[str, Any], space: Any) -> None:
     """Raise ValueError now if `options` are not options of `strategy` or a value is bad (one cold proposal on
     `space`), not when a run that measured for minutes first proposes with them."""
-    _with_options(STRATEGIES[strategy], options)(space, set(), 1, random.Random(0), None)
+    strategy_named(strategy).bind(options)(space, set(), 1, random.Random(0), None)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULT_BATCH":  # the old table, read from the declarations
+        return {n: s.default_batch for n, s in STRATEGIES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, log: str | Path) -> list[Path]:

@@ -56,13 +56,13 @@ from autotune.measure import LocalRunner, Timing, require_local_device
 from autotune.measure_cache import MeasurementCache
 from autotune.search import STRATEGIES
 from autotune.task import Task, make_task
-from autotune.tuner import check_strategy_options, tune
-from cost_model import FEATURE_SETS as _SETS
-from cost_model import TRANSFER_AS
+from autotune.tuner import check_strategy_options, strategy_named, tune
+from cost_model import TRANSFER_AS, TUNE_FEATURE_SETS
+from cost_model.features import AUTO
 
 CHECKPOINTS = (8, 16, 32, 64)
 MARGINS = (0.02, 0.05, 0.10, 0.20)  # trials to within each, beside the requested margin: no one line decides
-FEATURE_SETS = (*_SETS, "auto")  # what tune(features=...) takes
+FEATURE_SETS = TUNE_FEATURE_SETS  # what tune(features=...) takes
 DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 TRANSFER_LABEL = "xgb+transfer"
 WARM = "<--transfer>"  # a contender's transfer log before --transfer names it
@@ -101,8 +101,10 @@ def parse_contender(spec: str) -> Contender:
         raise ValueError(f"contender {spec!r}: expected LABEL=STRATEGY[:key=value,...] with a label of letters, "
                          "digits and _.+-")
     strategy, colon, opts = rest.partition(":")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"contender {spec!r}: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    try:
+        strategy_named(strategy)
+    except ValueError as err:
+        raise ValueError(f"contender {spec!r}: {err}") from None
     batch, features, options, transfer, transfer_as = None, None, {}, (), None
     for item in filter(None, opts.split(",")):
         key, eq, text = item.partition("=")
@@ -135,6 +137,23 @@ def parse_contender(spec: str) -> Contender:
     if colon and not opts.strip(","):
         raise ValueError(f"contender {spec!r}: nothing after ':'")
     return Contender(label, strategy, batch, features, options, transfer, transfer_as)
+
+
+def contender_help() -> str:
+    """--contenders' help, from the strategies' declarations (`autotune.search.STRATEGIES`)."""
+    return ("LABEL=STRATEGY[:key=value,...]; keys batch, features (" + ", ".join(FEATURE_SETS) + "), transfer, "
+            "transfer_as, or a strategy's option: " + "; ".join(
+                f"{s.name}: {', '.join(s.options) or 'none'}" for s in STRATEGIES.values()))
+
+
+def check_contenders(contenders: Sequence[Contender], space: Any) -> None:
+    """Raise ValueError naming the contender if a strategy option is not declared or its value is bad, before
+    anything is measured."""
+    for c in contenders:
+        try:
+            check_strategy_options(c.strategy, c.options, space)
+        except ValueError as err:
+            raise ValueError(f"contender {c.label}: {err}") from None
 
 
 def parse_contenders(specs: Sequence[str]) -> list[Contender]:
@@ -204,7 +223,7 @@ def checkpoints(trials: int) -> list[int]:
 # ---- running ------------------------------------------------------------------------------------------------
 def tune_kwargs(c: Contender) -> dict[str, Any]:
     """tune's keywords for one contender, less those this tune() does not take yet (warned about once)."""
-    wanted: dict[str, Any] = {"transfer": list(c.transfer), "features": c.features or "auto",
+    wanted: dict[str, Any] = {"transfer": list(c.transfer), "features": c.features or AUTO,
                               "options": dict(c.options) or None}
     if c.batch is not None:
         wanted["batch_size"] = c.batch
@@ -216,7 +235,7 @@ def tune_kwargs(c: Contender) -> dict[str, Any]:
         if key == "transfer":
             _warn_once("tune() takes no transfer= yet: every run is warmed by the shipped logs of this op, and "
                        "--transfer changes nothing")
-        elif value not in (None, "auto"):
+        elif value not in (None, AUTO):
             _warn_once(f"tune() takes no {key}= yet: {c.label}'s {key} {value!r} is ignored")
     return wanted
 
@@ -633,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seeds", type=int, required=True)
     p.add_argument("--trials", type=int, required=True)
     p.add_argument("--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), metavar="SPEC",
-                   help="LABEL=STRATEGY[:key=value,...]; keys batch, features, anything else a strategy option")
+                   help=contender_help())
     p.add_argument("--transfer", metavar="LOG", help="add xgb+transfer, warmed by LOG less this workload")
     p.add_argument("--cache", metavar="PATH", help="measurement cache (a log); a rerun replays from it")
     p.add_argument("--json", metavar="PATH")
@@ -674,11 +693,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rescore_timing = _timing(a.rescore_timing) if a.rescore_timing else timing
         task = make_task(a.op, a.device, shape=a.shape)
         require_local_device(task)
-        for c in contenders:
-            try:
-                check_strategy_options(c.strategy, c.options, task.space)
-            except ValueError as err:
-                raise ValueError(f"contender {c.label}: {err}") from None
+        check_contenders(contenders, task.space)
     except (ValueError, LookupError) as err:
         p.error(str(err))
 

@@ -40,12 +40,12 @@ from autotune.build import Built
 from autotune.measure import Measured
 from autotune.task import Task, make_task
 from autotune.tuner import tune
-from cost_model.features import uses_program
+from cost_model.features import AUTO, uses_program
 from search_spaces import Config, InvalidConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_quality import (Contender, best_so_far, median_trials, parse_contenders,  # noqa: E402
-                            trials_to_within, tune_kwargs, warm_contenders)
+from search_quality import (Contender, best_so_far, check_contenders, contender_help,  # noqa: E402
+                            median_trials, parse_contenders, trials_to_within, tune_kwargs, warm_contenders)
 
 DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 
@@ -138,7 +138,7 @@ def simulate(task: Task, truth: dict[Config, float], c: Contender, seed: int, tr
     `c.transfer`: the logs warming its model (real records; search_quality.WARM until main names them)."""
     if any(not Path(log).exists() for log in c.transfer):
         raise ValueError(f"contender {c.label}: transfer=true needs --transfer LOG")
-    features = c.features if c.features not in (None, "auto") else "knobs"
+    features = c.features if c.features not in (None, AUTO) else "knobs"
     if uses_program(features):
         raise ValueError(f"contender {c.label}: program features need lowered candidates; use features=knobs")
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seeds", type=int, default=40)
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), metavar="SPEC",
-                   help="as search_quality.py: LABEL=STRATEGY[:key=value,...]")
+                   help=contender_help())
     p.add_argument("--margins", type=float, nargs="+", default=[0.05, 0.10])
     p.add_argument("--noise", type=float, default=0.03, help="sigma of a measurement's log (0.03: about 4%% IQR)")
     p.add_argument("--ridge", type=float, default=30.0)
@@ -171,12 +171,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = p.parse_args(argv)
     if a.seeds < 1 or a.trials < 1:
         p.error("--seeds and --trials must be >= 1")
-    contenders = parse_contenders(a.contenders)
+    try:
+        contenders = parse_contenders(a.contenders)
+    except ValueError as err:
+        p.error(str(err))
     if not a.transfer and any(c.transfer for c in contenders):
         p.error("a contender asks for transfer=true, but no --transfer LOG is given")
     if a.transfer and not Path(a.transfer).exists():
         p.error(f"transfer log {a.transfer} does not exist")
     task = make_task(a.op, a.device, shape=a.shape)
+    try:
+        check_contenders(contenders, task.space)
+    except ValueError as err:
+        p.error(str(err))
     with tempfile.TemporaryDirectory(prefix="search-sim-") as tmp:  # the filtered transfer log
         if a.transfer:
             contenders, _ = warm_contenders(contenders, a.transfer, task, Path(tmp))

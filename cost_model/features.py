@@ -17,28 +17,61 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from search_spaces import Config, Space
 
-FEATURE_SETS = ("knobs", "program", "all")
+@dataclass(frozen=True)
+class FeatureSet:
+    """A feature set, declared once: the cost model, `tune`, the CLI and the benchmarks read it from here."""
+
+    name: str
+    knobs: bool  # k.<op>.* knob encodings
+    program: bool  # p.* features of the lowered program
+    doc: str
+
+
+FEATURE_SETS: dict[str, FeatureSet] = {f.name: f for f in (
+    FeatureSet("knobs", knobs=True, program=False, doc="knob encodings"),
+    FeatureSet("program", knobs=False, program=True, doc="program features of the lowered code"),
+    FeatureSet("all", knobs=True, program=True, doc="both"),
+)}
+AUTO = "auto"
+AUTO_FEATURES = "all"  # what `features="auto"` means: the set that ranked best (benchmarks/rank_quality.py)
+TUNE_FEATURE_SETS = (AUTO, *FEATURE_SETS)  # what tune(features=...) and `autotune tune --features` take
 _CPU_EXTENSIONS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vnni", "avxvnni", "amx-int8")
 
 
 def uses_knobs(feature_set: str) -> bool:
-    return feature_set in ("knobs", "all")
+    return feature_set in FEATURE_SETS and FEATURE_SETS[feature_set].knobs
 
 
 def uses_program(feature_set: str) -> bool:
-    return feature_set in ("program", "all")
+    return feature_set in FEATURE_SETS and FEATURE_SETS[feature_set].program
 
 
 def check_feature_set(feature_set: str) -> str:
     if feature_set not in FEATURE_SETS:
         raise ValueError(f"unknown feature set {feature_set!r}; known: {', '.join(FEATURE_SETS)}")
     return feature_set
+
+
+def resolve_feature_set(feature_set: str) -> str:
+    """What tune's `features` names: a feature set, or "auto" for AUTO_FEATURES."""
+    if feature_set == AUTO:
+        return AUTO_FEATURES
+    if feature_set not in FEATURE_SETS:
+        raise ValueError(f"unknown feature set {feature_set!r}; known: {', '.join(TUNE_FEATURE_SETS)}")
+    return feature_set
+
+
+def describe_feature_sets() -> str:
+    """One line for --help: each name tune takes and what it means."""
+    return "; ".join([f"{AUTO}: {AUTO_FEATURES} (the set that ranked best)",
+                      *(f"{f.name}: {f.doc}" for f in FEATURE_SETS.values())])
 
 
 def workload_features(op: str, workload: Any) -> dict[str, float]:

@@ -1,5 +1,7 @@
 """End-to-end tuning on tiny shapes: a real loop with real workers, small enough for CI."""
 
+import dataclasses
+import functools
 import json
 
 import pytest
@@ -210,11 +212,12 @@ def test_transfer_warms_the_first_batch_and_cold_starts_spread_out(tmp_path, wor
     seen_scores = []
     real = search.model_search
 
+    @functools.wraps(real)  # keeps model_search's signature: its declared options and `candidates`
     def spy(space, seen, n, rng, score=None, elites=(), **kw):
         seen_scores.append(score is not None)
         return real(space, seen, n, rng, score, elites, **kw)
 
-    monkeypatch.setitem(search.STRATEGIES, "xgb", spy)
+    monkeypatch.setitem(search.STRATEGIES, "xgb", dataclasses.replace(search.STRATEGIES["xgb"], propose=spy))
     other = make_task("embedding_bag", "cpu", shape="rows=400,dim=16,batch=32,pooling=0-12,dist=zipf:1.1")
     source = tmp_path / "other.jsonl"
     tune(other, trials=8, log=source, strategy="random", batch_size=8, builder=workers[0], runner=workers[1],
