@@ -395,14 +395,14 @@ class BatchedEmbeddingBag(nn.Module):
         self.register_buffer("table_offsets", torch.from_numpy(boundaries(self.rows)))
         if _weight is None:
             _weight = torch.randn(sum(self.rows), self.dim)  # nn.EmbeddingBag's N(0, 1) initialisation
-        need(tuple(_weight.shape) == (sum(self.rows), self.dim) or table_dtype(_weight) not in (None, "float32"), OP,
-             f"_weight must be ({sum(self.rows)}, {self.dim}), got {tuple(_weight.shape)}")
-        if table_dtype(_weight) in (None, "float32"):
-            self.weight = nn.Parameter(_weight)
-        else:  # reduced-precision rows: for inference
-            need(_weight.shape[0] == sum(self.rows) and table_dim(_weight) == self.dim, OP, f"a {_weight.dtype} "
-                 f"_weight must hold {sum(self.rows)} rows of dim {self.dim}, got {tuple(_weight.shape)}")
+        reduced = table_dtype(_weight) not in (None, "float32")  # reduced-precision rows: for inference
+        need(_weight.dim() == 2 and _weight.shape[0] == sum(self.rows) and table_dim(_weight) == self.dim, OP,
+             f"_weight must hold {sum(self.rows)} rows of dim {self.dim}, got {_weight.dtype} of shape "
+             f"{tuple(_weight.shape)}")
+        if reduced:
             self.register_buffer("weight", _weight.detach().contiguous())
+        else:
+            self.weight = nn.Parameter(_weight)
 
     @classmethod
     def quantized(cls, module: "BatchedEmbeddingBag", dtype: str) -> "BatchedEmbeddingBag":
