@@ -12,7 +12,8 @@ holds exactly those kernels) and loaded; the rules rewrite the graph, each repla
 reproduces the model's values on the example inputs and (`require_speedup`) runs faster than the code it
 replaces there, timed interleaved (`speed.py`: a tuned kernel can agree and still lose to PyTorch, as int8
 Linears do on small CPUs); the rewritten model is held to the accuracy contract (`tolerance`, on the example
-and held-out batches: `accuracy.py`), int8 layers that break it staying fp32, the most error-sensitive first;
+and held-out batches: `accuracy.py`), layers that break it moving up the precision ladder (int8, bf16 where a
+rule runs it, fp32), the most error-sensitive first;
 eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
 ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
@@ -34,7 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import search_spaces
-from search_spaces.template import GraphMatch, GraphRule, Kept, Reduced
+from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced, finer
 
 from . import accuracy
 from .accuracy import AccuracyReport, Batch, LayerPrecision, Tolerance
@@ -180,11 +181,12 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
                Path(log_dir), trials, shipped, progress, node_times(gm, args), report)
     layers = _reduced(found.matches)
     shares = accuracy.layer_shares(gm, checks, layers, contract)
+    share = _Shares(gm, checks, contract, {(layer.node, layer.precision): shares[layer.node] for layer in layers})
     with _Workers() as workers:
-        opt, done, errors, fp32 = _hold(job, workers, checks, contract, shares,
-                                        accuracy.plan(gm, checks, layers, contract, shares))
+        opt, done, errors, floors = _hold(job, workers, checks, contract, share,
+                                          accuracy.plan(gm, checks, layers, contract, shares))
     report.replaced, report.kept = done.replaced, done.kept
-    report.accuracy = _accuracy_report(contract, errors, layers, shares, fp32, done,
+    report.accuracy = _accuracy_report(contract, errors, layers, shares, floors, done,
                                        {r.name for r in ruleset if r.quantizes})
     if not report.accuracy.holds:
         report.note = (f"the rewritten model breaks the tolerance ({contract}) even with every int8 layer in "
@@ -224,33 +226,51 @@ def _reduced(matches: Sequence[GraphMatch]) -> list[Reduced]:
     return [layer for m in matches for layer in m.reduced]
 
 
-def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, shares: dict[str, float],
-          planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError], list[str]]:
-    """Rewrite the model with the `planned` layers in fp32, then, while its real kernels break `contract` on
-    the check batches, with one more int8 layer in fp32 (the most error-sensitive first) each time. Returns
-    (the rewritten model, its rewrite, its errors on the check batches, the layers kept in fp32)."""
-    order = accuracy.fallback_order(shares)
-    fp32 = list(planned)
+class _Shares:
+    """A reduced-precision layer's share of the error (`accuracy.layer_shares`) at the precision it runs in,
+    simulated once per (node, precision) on the captured graph: the bf16 rung's layers appear only once the
+    contract moves them there."""
+
+    def __init__(self, gm: Any, checks: Sequence[Batch], contract: Tolerance, known: dict[tuple[str, str], float]):
+        self.gm, self.checks, self.contract, self.known = gm, checks, contract, dict(known)
+
+    def __call__(self, layer: Reduced) -> float:
+        key = (layer.node, layer.precision)
+        if key not in self.known:
+            self.known[key] = accuracy.layer_shares(self.gm, self.checks, [layer], self.contract)[layer.node]
+        return self.known[key]
+
+
+def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, share: _Shares,
+          planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError], dict[str, str]]:
+    """Rewrite the model with the `planned` layers one step up the precision ladder (bf16 where a rule runs it,
+    else fp32), then, while its real kernels break `contract` on the check batches, move one more layer one
+    step up each time: the one with the largest share of the error at the precision it runs in (ties: the
+    first). Returns (the rewritten model, its rewrite, its errors on the check batches, the floors: node -> the
+    coarsest precision it was allowed)."""
+    floors = {name: finer(PRECISIONS[0]) for name in planned}
     while True:
-        opt, done = _rewritten(job, workers, frozenset(fp32))
+        opt, done = _rewritten(job, workers, floors)
         errors = accuracy.check(opt, checks, contract)
-        int8 = [name for name in order if name in _int8_nodes(done)]
-        if all(e.holds for e in errors) or not int8:
-            return opt, done, errors, fp32
-        fp32.append(int8[0])
+        running = _running(done)
+        if all(e.holds for e in errors) or not running:
+            return opt, done, errors, floors
+        step = max(running.values(), key=share)
+        floors = {**floors, step.node: finer(step.precision)}
 
 
-def _int8_nodes(done: Rewrite) -> set[str]:
-    return {layer.node for r in done.replaced for layer in r.reduced}
+def _running(done: Rewrite) -> dict[str, Reduced]:
+    """Each node a kept replacement runs in reduced precision -> its layer (and so its precision)."""
+    return {layer.node: layer for r in done.replaced for layer in r.reduced}
 
 
-def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[Any, Rewrite]:
-    """The model captured afresh and rewritten with the layers named in `fp32` left to the fp32 rules: the
-    tasks its sites need tuned (those not tuned yet by this call), the package exported and loaded, the rules
-    run (and, with speed checks, the whole-model check)."""
+def _rewritten(job: _Job, workers: "_Workers", floors: dict[str, str]) -> tuple[Any, Rewrite]:
+    """The model captured afresh and rewritten with each layer no coarser than its floor (those at "fp32" left
+    to the fp32 rules): the tasks its sites need tuned (those not tuned yet by this call), the package exported
+    and loaded, the rules run (and, with speed checks, the whole-model check)."""
     job.report.whole_model.clear()  # this rewrite's verdicts only
     gm = capture(job.model, job.args)
-    found = discover(gm, job.args, job.ruleset, fp32)
+    found = discover(gm, job.args, job.ruleset, floors)
     new = _new_tasks(job.report, found.matches, job.times)
     if new:
         _tune_all(new, job.device, job.log_dir, job.trials, job.shipped, job.progress, workers)
@@ -259,9 +279,9 @@ def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[An
             job.report.package, exported = _package(best, job.log_dir / "package", workers)
             job.report.exported |= exported
     ready = _ready(job.report.tasks)
-    done = rewrite(gm, job.args, job.ruleset, ready, job.check, full_precision=fp32, timing_inputs=job.timing[1:])
+    done = rewrite(gm, job.args, job.ruleset, ready, job.check, floors=floors, timing_inputs=job.timing[1:])
     if job.check is not None:
-        gm, done = _whole_model_check(job, gm, done, ready, fp32)
+        gm, done = _whole_model_check(job, gm, done, ready, floors)
     return gm, done
 
 
@@ -274,18 +294,20 @@ def _new_tasks(report: TuneModelReport, matches: Sequence[GraphMatch], times: di
 
 
 def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], layers: Sequence[Reduced],
-                     shares: dict[str, float], fp32: Sequence[str], done: Rewrite,
+                     shares: dict[str, float], floors: dict[str, str], done: Rewrite,
                      quantizing: set[str]) -> AccuracyReport:
-    """Each reduced-precision layer's final precision (and why it is fp32), and the measured errors."""
-    int8 = _int8_nodes(done)
+    """Each reduced-precision layer's final precision (and why it is finer than its rule's), and the measured
+    errors."""
+    running = _running(done)
     out = AccuracyReport(contract, errors)
     for layer in layers:
-        if layer.node in int8:
-            precision, why = "int8", ""
-        elif layer.node in fp32:
-            precision, why = "fp32", "kept in fp32 to hold the tolerance"
+        precision = running[layer.node].precision if layer.node in running else "fp32"
+        if layer.node in floors and precision != layer.precision:
+            why = f"{'kept ' * (precision == 'fp32')}in {precision} to hold the tolerance"
+        elif precision == "fp32":
+            why = _why_kept(layer, done.kept, quantizing)
         else:
-            precision, why = "fp32", _why_kept(layer, done.kept, quantizing)
+            why = ""
         out.layers.append(LayerPrecision(layer.where, layer.what, precision, shares.get(layer.node, 0.0), why))
     return out
 
@@ -451,7 +473,7 @@ def _package(best: list[Any], out: Path, workers: _Workers) -> tuple[Path, bool]
 
 
 # ---- measurement --------------------------------------------------------------------------------------------
-def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: frozenset[str]) -> tuple[Any, Rewrite]:
+def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: dict[str, str]) -> tuple[Any, Rewrite]:
     """A second opinion, by the whole model, on each rule whose replacements lost their own speed check.
 
     A replacement is timed as its own subgraph, which misses what it does to its neighbours: the table-batched
@@ -466,7 +488,7 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: froz
         if not any(k.slower and k.rule == rule.name for k in done.kept):
             continue
         alt_gm = capture(job.model, job.args)
-        alt = rewrite(alt_gm, job.args, job.ruleset, ready, job.check, wired | {rule.name}, fp32, job.timing[1:])
+        alt = rewrite(alt_gm, job.args, job.ruleset, ready, job.check, wired | {rule.name}, floors, job.timing[1:])
         with torch.inference_mode():
             now_s, alt_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
         faster = alt_s <= now_s * (1.0 - job.check.margin)

@@ -19,15 +19,14 @@ per instruction of the exact 8-bit path. Elsewhere (VNNI, GPUs) they use all 8.
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
-from .._graph import (attr, has_op, insertion_point, is_call, register, scalar_arg, sole_user, tensor_value, where,
-                      workload_error)
+from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
+                      tensor_value, where, workload_error)
 from ..qmatmul_requant.workload import Workload as RequantWorkload
 from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .torch_op import quantize_rows
@@ -65,14 +64,9 @@ def _why_not(k: int, n: int) -> str:
     return ""
 
 
-@functools.cache
 def _host_has_avx512_vnni() -> bool:
-    """Whether this machine's CPU has AVX-512 VNNI (Linux's /proc/cpuinfo flags; False where unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
+    """Whether this machine's CPU has AVX-512 VNNI."""
+    flags = host_cpu_flags()
     return "avx512_vnni" in flags and "avx512bw" in flags
 
 
