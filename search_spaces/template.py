@@ -323,9 +323,10 @@ class GraphRule:
 class Template(Protocol):
     """What the engine, the runners and the torch layer call on an operator template, and nothing else.
 
-    A template is a package `search_spaces/<op>/` (workload.py: fields, parsing, inputs, reference, checks,
-    traffic; cpu.py and cuda.py: each device's space and schedule; torch_op.py: its TorchBinding) whose
-    `__init__` exposes these names; `search_spaces.get` finds it, so adding an operator edits no other file.
+    A template is a package `search_spaces/<op>/` (workload.py: fields, parsing, inputs, reference, traffic, no
+    torch at import; checks.py: input checks that import torch, built on workload.py, which never imports them;
+    cpu.py and cuda.py: each device's space and schedule; torch_op.py: its TorchBinding) whose `__init__`
+    exposes these names; `search_spaces.get` finds it, so adding an operator edits no other file.
     """
 
     NAME: str

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from .._torch_checks import need, same_device_contiguous
 from ..embedding_bag.rows import quantize, table_dtype
-from ..embedding_bag.torch_op import ATEN_MODES, explain_table, out_dtype, table_dim, table_ok
+from ..embedding_bag.checks import explain_table, out_dtype, table_ok
+from ..embedding_bag.torch_op import ATEN_MODES, table_dim
 from ..embedding_bag.workload import MODES, boundaries, pool_dequantized, row_indices, table
 from ..template import IndexOutOfRange, InvalidDtype, Route, TorchBinding
 from .workload import Workload

@@ -25,19 +25,18 @@ from typing import Any, Iterator
 
 import torch
 
+from .. import get as template
 from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
                       tensor_value, where, workload_error)
-from ..qmatmul_requant.workload import Workload as RequantWorkload
+from ..quantize_rows.workload import quantize_rows
 from ..template import GraphMatch, GraphRule, Kept, Reduced
-from .torch_op import quantize_rows
-from .workload import Workload, a_range
+from .workload import a_range
 
 __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
 
 aten = torch.ops.aten
 RULE = "qmatmul"
 RELUS = (aten.relu.default, aten.relu_.default)
-_WORKLOADS = {RULE: Workload, "qmatmul_requant": RequantWorkload}  # the ops a chain runs: their fields' checks
 # Below these, int8 gains nothing: the layer is a few FLOPs per row (DLRM's 13-feature input layer, its 1-wide
 # output layer) and per-row quantization plus a second kernel launch cost more than the fp32 GEMM saves; int8 on
 # so few inputs (or outputs) also loses more accuracy relative to the work done. Such a layer alone stays fp32;
@@ -246,9 +245,9 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if missing:
             yield Kept(RULE, where(nodes), f"torch.ops.autotune.{missing[0]} is not registered (import autotune.torch)")
             continue
-        plan = _plan(chain)
+        plan = _plan(chain)  # ops by name, as tasks name them (qmatmul_requant builds on qmatmul: never imported)
         why = next((f"{layer.what()}: {e}" for layer, (op, fields) in zip(chain, plan)
-                    if (e := workload_error(_WORKLOADS[op], fields))), "")
+                    if (e := workload_error(template(op).Workload, fields))), "")
         if why:
             yield Kept(RULE, where(nodes), why)
             continue
