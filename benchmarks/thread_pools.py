@@ -202,7 +202,7 @@ def main() -> None:
                   flush=True)
     for stat in ("ms", "ms_min"):
         report(results, stat)
-    applied = next((r["applied"] for r in results.get("autotune default", [])), None)
+    applied = next((r["applied"] for r in results.get("OpenMP pool (default)", [])), None)
     if applied is not None:
         print(f"autotune default applies: {applied}")
     busy = [r["others"] for runs in results.values() for r in runs if r["others"] > args.max_others]
