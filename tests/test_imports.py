@@ -128,3 +128,21 @@ def test_lower_layers_do_not_import_autotune():
     up = [f"{a} -> {b} (line {line})" for a, deps in sorted(graph.items()) if a.startswith(LOWER)
           for b, line in sorted(deps.items()) if b.split(".")[0] == "autotune"]
     assert not up, "search_spaces/cost_model import autotune:\n" + "\n".join(up)
+
+
+def test_nothing_below_benchmarks_imports_them():
+    """benchmarks/ is the top layer: its scripts import autotune (and below); nothing in those packages imports
+    a benchmark, so the library never depends on how it is measured."""
+    up = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                up += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                       if n.split(".")[0] == "benchmarks"]
+    assert not up, "the library imports benchmarks:\n" + "\n".join(up)
