@@ -158,7 +158,7 @@ def overhead(pkg: at.Package, rounds: int) -> None:
 
 
 def one_hot(pkg: at.Package, rounds: int) -> None:
-    """The issue's one-hot shape: the op (validation on) must be at least as fast as F.embedding_bag."""
+    """DLRM's one-hot shape: the op (validation on) must be at least as fast as F.embedding_bag."""
     w = search_spaces.get("embedding_bag").Workload(**ONE_HOT_BAG)
     kernel = next((k for k in pkg.kernels if k.op == "embedding_bag" and k.workload.rows == w.rows
                    and k.workload.dim == w.dim and k.workload.pooling == w.pooling), None)
