@@ -9,7 +9,7 @@ Each contender pools the same cycle of fresh batches (hot rows stay hot across t
     ours pre-mapped   the kernel on the reordered table with indices remapped upstream, for free (the layout's
                       best case: the remap done where the features are prepared)
 Rounds interleave the contenders; medians of rounds are printed with ratios to `ours`. Usage (a quiet machine):
-    python benchmarks/hot_rows.py --shape rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05 \
+    python -m benchmarks.hot_rows --shape rows=1000000,dim=64,batch=2048,pooling=20-80,dist=zipf:1.05 \
         --log logs/local/embedding_bag.jsonl
 """
 
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from autotune.kernel import load_kernel
 from autotune.task import make_task
+from benchmarks.lib.timing import interleaved
 
 
 def hot_first(table: torch.Tensor, example_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,10 +80,7 @@ def main() -> None:
         "ours hot-first": (lambda i, o: kernel(reordered, remap[i], o), batches),
         "ours pre-mapped": (lambda i, o: kernel(reordered, i, o), mapped),
     }
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(a.rounds):
-        for name, (fn, data) in contenders.items():
-            times[name].append(time_cycle(fn, data, a.seconds))
+    times = interleaved(contenders, a.rounds, lambda c: time_cycle(*c, a.seconds))
     base = statistics.median(times["ours"])
     for name, ts in times.items():
         med = statistics.median(ts)

@@ -140,3 +140,21 @@ def test_operators_build_on_each_other_one_way():
     assert "search_spaces.qmatmul" in ops["search_spaces.qmatmul_requant"]  # the scan sees one op build on another
     cycles = _cycles(ops)
     assert not cycles, "operators that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_nothing_below_benchmarks_imports_them():
+    """benchmarks/ is the top layer: its scripts import autotune (and below); nothing in those packages imports
+    a benchmark, so the library never depends on how it is measured."""
+    up = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                up += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                       if n.split(".")[0] == "benchmarks"]
+    assert not up, "the library imports benchmarks:\n" + "\n".join(up)

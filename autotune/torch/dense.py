@@ -105,8 +105,8 @@ def _version(t: Tensor) -> int:
 def _packed(weight: Tensor) -> Tensor:
     """oneDNN's blocked layout of `weight`, made once per weight tensor and valid while it is the same live tensor
     at the same version, address and shape (an optimizer's in-place step packs it anew). Unpacked, oneDNN
-    reorders the weight on every call: 2-8% of a layer's time here (415 -> 512 at batch 2048: 2.85 -> 2.73 ms,
-    256 -> 64: 0.29 -> 0.27), with bit-identical results."""
+    reorders the weight on every call, a few percent of a layer's time (benchmarks/WHOLE_MODEL.md), with
+    bit-identical results."""
     global _PACKED
     hit = _PACKED.get(id(weight))
     if (hit is not None and hit[0]() is weight and hit[1] == _version(weight) and hit[2] == weight.data_ptr()

@@ -478,10 +478,11 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: di
 
     A replacement is timed as its own subgraph, which misses what it does to its neighbours: the table-batched
     launch writes (B, T, D), which the interaction then reads in place, so wiring it in also removes the stack
-    copy the interaction otherwise makes (on the Criteo-shaped DLRM: 26 bags 3.02 ms, the batched op 3.26 ms,
-    yet the model 23.5 -> 19.3 ms with it). For each such rule, in rule order, the model is rewritten again with
-    that rule's replacements wired in unchecked, and the two rewritten models are timed (interleaved rounds,
-    medians, over the timing cycle); the faster by `check.margin` is kept, and the report says what each took."""
+    copy the interaction otherwise makes (on the Criteo-shaped DLRM the batched op alone can be slower than the
+    26 bags, and the model faster with it: benchmarks/WHOLE_MODEL.md). For each such rule, in rule order, the
+    model is rewritten again with that rule's replacements wired in unchecked, and the two rewritten models are
+    timed (interleaved rounds, medians, over the timing cycle); the faster by `check.margin` is kept, and the
+    report says what each took."""
     assert job.check is not None
     wired: frozenset[str] = frozenset()  # rules this check wired in so far
     for rule in job.ruleset:

@@ -2,8 +2,8 @@
 `(q, scale) = quantize_rows(qmatmul(a, ...), out_qmax)`.
 
 In an int8 MLP each layer's output is the next layer's input, quantized per row. As two ops, the float32
-output goes to memory and comes back for the quantize kernel: in the Criteo-shaped DLRM on a 2-core CPU each
-such quantize_rows took 0.5-1.0 ms in the model against 0.15-0.3 ms alone. Here a CPU task owns whole rows
+output goes to memory and comes back for the quantize kernel, which then took several times longer in the
+Criteo-shaped DLRM than alone (benchmarks/WHOLE_MODEL.md). Here a CPU task owns whole rows
 and quantizes the rows it just computed, still in its cache; the float32 rows never leave the task. An MLP's
 head layer with too few inputs for int8 activations (DLRM's 13 dense features) runs weight-only, float32
 inputs x int8 weights, and quantizes its output the same way.
