@@ -74,7 +74,7 @@ def op_tensors(op: str, kernel: at.LoadedKernel) -> tuple[tuple[Any, ...], dict[
     """The custom op's arguments for the kernel's workload (qmatmul's differ from the reference order)."""
     tensors = kernel.template.inputs(kernel.workload, 0)
     if op == "qmatmul":
-        from search_spaces.qmatmul.torch_op import op_arguments
+        from search_spaces.qmatmul.checks import op_arguments
 
         return op_arguments(kernel.workload, tensors)
     return tuple(tensors), {}
