@@ -11,6 +11,7 @@ import math
 
 from autotune import records
 from autotune.task import make_task
+from autotune.tuning_log import TuningLog
 
 
 def best_after(recs: list[records.Record], checkpoints: list[int]) -> list[float]:
@@ -34,7 +35,7 @@ def main() -> None:
     cps = [int(x) for x in a.at.split(",")]
     print(f"{'log':50s} " + " ".join(f"{'@' + str(c):>10s}" for c in cps) + "   (best ms after N trials)")
     for log in a.logs:
-        recs = records.for_task(records.load(log), task.op, task.workload_key, task.device.name)
+        recs = TuningLog(log).of(task)
         print(f"{log:50s} " + " ".join(f"{v * 1e3:10.3f}" for v in best_after(recs, cps)))
 
 

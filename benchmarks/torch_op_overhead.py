@@ -34,10 +34,10 @@ import torch.nn.functional as F
 
 import autotune.torch as at
 import search_spaces
-from autotune import records
 from autotune.bench import median_seconds
 from autotune.package import export
 from autotune.task import make_task
+from autotune.tuning_log import TuningLog
 
 WORKLOADS = {
     "embedding_bag": dict(rows=1000, dim=64, batch=64, pooling=(1, 4)),
@@ -196,8 +196,8 @@ def main() -> None:
         pkg_dir = tempfile.mkdtemp(prefix="autotune-overhead-")
         tasks = [make_task(op, "cpu", **fields) for op, fields in WORKLOADS.items()]
         tasks.append(make_task("embedding_bag", "cpu", **ONE_HOT))
-        logged = records.load_many(args.log)
-        export([records.best(logged, t.op, t.workload_key, t.device.name) or t.record(t.space.default(), costs=(0.0,))
+        logged = TuningLog(args.log)
+        export([logged.best(t, include_stale=True) or t.record(t.space.default(), costs=(0.0,))
                 for t in tasks], pkg_dir)
     pkg = at.load(pkg_dir)
     one_hot(pkg, args.rounds)  # at the process's thread settings, as a model would run it

@@ -22,10 +22,12 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import records
-from .build import Built
-from .measure import HARNESS, Measured
-from .task import Task
+from .. import records
+from ..build import Built
+from ..runtime import HARNESS
+from ..task import Task
+from .base import Measured, Runner
+from .common import discard
 
 Key = tuple[str, str, str, str, str]  # device, op, workload_key, template_version, config_key
 
@@ -50,7 +52,7 @@ class MeasurementCache:
     closes what it was given cannot stop workers that the next run shares.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, builder: Any, runner: Any):
+    def __init__(self, path: str | os.PathLike[str] | None, builder: Any, runner: Runner):
         self.path = Path(path) if path is not None else None
         self.inner_builder, self.inner_runner = builder, runner
         self.entries: dict[Key, records.Record] = {}
@@ -137,7 +139,7 @@ class _CachedRunner:
                 todo.append(i)
                 continue
             if b.lib is not None:  # built anew after all (the same config twice in one batch): not needed
-                _unlink(b.lib)
+                discard(b.lib)
             out[i] = Measured(b, hit.costs, hit.error_kind, hit.error)
             self.cache.hits += 1
         if todo:
@@ -174,10 +176,3 @@ def _feature_fields(b: Built) -> dict[str, Any]:
         else:
             out["features_version"] = PROGRAM_FEATURES_VERSION
     return out
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
