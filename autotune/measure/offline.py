@@ -19,8 +19,8 @@ from .. import package
 from ..build import Built
 from ..runtime import HARNESS, Timing
 from ..task import Task
-from .base import Measured
 from . import offline_device
+from .base import Measured
 from .common import check_anchor, say_on_stderr
 from .offline_device import BATCH, RESULTS, write_json
 

@@ -40,7 +40,8 @@ from .base import Measured
 from .common import call, check_anchor, discard, harness_error, measure_here, say_on_stderr, task_data
 
 DEFAULT_TRACKER_PORT = 9190
-PREPARE, MEASURE = "autotune.rpc.prepare", "autotune.rpc.measure"  # registered by `autotune rpc server`
+# Registered by `autotune rpc server`: names on the wire between tuner and server, not module paths.
+PREPARE, MEASURE = "autotune.rpc.prepare", "autotune.rpc.measure"
 
 
 class RPCUnavailable(ConnectionError):
