@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from autotune import records
 from autotune.task import make_task
 from benchmarks.lib.curves import best_so_far
+from autotune.tuning_log import TuningLog
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     cps = [int(x) for x in a.at.split(",")]
     print(f"{'log':50s} " + " ".join(f"{'@' + str(c):>10s}" for c in cps) + "   (best ms after N trials)")
     for log in a.logs:
-        recs = records.for_task(records.load(log), task.op, task.workload_key, task.device.name)
+        recs = TuningLog(log).of(task)
         curve = best_so_far([r.latency for r in recs])
         print(f"{log:50s} " + " ".join(f"{(curve[c - 1] if c <= len(curve) else math.nan) * 1e3:10.3f}"
                                        for c in cps))

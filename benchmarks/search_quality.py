@@ -9,7 +9,7 @@
 Every run starts from an empty log and a cold model (tune's `transfer=()`); `--transfer LOG` adds the contender
 `xgb+transfer`, warmed by LOG less the benchmarked workload's own records. Runs are interleaved seed by seed
 (for each seed, each contender) so that drift of the machine over the benchmark hits all contenders alike, and
-all of them measure through one `MeasurementCache` (autotune/measure_cache.py): a config is measured once and
+all of them measure through one `MeasurementCache` (autotune/measure/cache.py): a config is measured once and
 every run that proposes it sees the same number, so no strategy wins by a lucky draw of the same config.
 
 Figures: best-after-N medians over seeds, and per seed the first trial whose best-so-far is within the margin
@@ -45,9 +45,10 @@ from typing import Any, Sequence
 from autotune import records
 from autotune.build import Builder
 from autotune.measure import LocalRunner, require_local_device
-from autotune.measure_cache import MeasurementCache
+from autotune.measure.cache import MeasurementCache
 from autotune.task import Task, make_task
 from autotune.tuner import tune
+from autotune.tuning_log import TuningLog
 from benchmarks.lib.contenders import (DEFAULT_CONTENDERS, TRANSFER_LABEL, Contender, check_contenders,
                                        contender_help, parse_contenders, tune_kwargs, warm_contenders)
 from benchmarks.lib.curves import best_so_far, checkpoints, spread
@@ -61,7 +62,7 @@ def _run(task: Task, c: Contender, seed: int, trials: int, log: Path, cache: Mea
     t0, misses = time.perf_counter(), cache.misses
     tune(task, trials, log, strategy=c.strategy, seed=seed, confirm=0, progress=False, builder=cache.builder,
          runner=cache.runner, **tune_kwargs(c))
-    recs = records.for_task(records.load(log), task.op, task.workload_key, task.device.name)[:trials]
+    recs = TuningLog(log).of(task)[:trials]
     lat = [r.latency for r in recs]
     ok = [r for r in recs if r.ok]
     return {"contender": c.label, "seed": seed, "latencies": lat, "curve": best_so_far(lat),

@@ -11,7 +11,7 @@ import pytest
 from autotune import records
 from autotune.build import Built
 from autotune.measure import Measured
-from autotune.measure_cache import MeasurementCache
+from autotune.measure.cache import MeasurementCache
 from autotune.runtime import Timing
 from autotune.task import make_task
 from benchmarks import search_quality

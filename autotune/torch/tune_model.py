@@ -37,6 +37,7 @@ from torch.utils import _pytree as pytree
 import search_spaces
 from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced, finer
 
+from ..tuning_log import TuningLog
 from . import accuracy
 from .accuracy import AccuracyReport, Batch, LayerPrecision, Tolerance
 from .graph import Replaced, Rewrite, _as_args, capture, collect_rules, discover, node_times, rewrite
@@ -219,6 +220,10 @@ class _Job:
     progress: bool
     times: dict[str, float]  # node name -> eager seconds on the example inputs (each task's share)
     report: TuneModelReport
+    logs: "_Logs" = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logs = _Logs(self.log_dir)
 
 
 def _reduced(matches: Sequence[GraphMatch]) -> list[Reduced]:
@@ -273,7 +278,7 @@ def _rewritten(job: _Job, workers: "_Workers", floors: dict[str, str]) -> tuple[
     found = discover(gm, job.args, job.ruleset, floors)
     new = _new_tasks(job.report, found.matches, job.times)
     if new:
-        _tune_all(new, job.device, job.log_dir, job.trials, job.shipped, job.progress, workers)
+        _tune_all(new, job.device, job.logs, job.trials, job.shipped, job.progress, workers)
         best = [t.record for t in job.report.tasks if t.record is not None]
         if best:
             job.report.package, exported = _package(best, job.log_dir / "package", workers)
@@ -374,7 +379,26 @@ class _Workers:
             self._builder.close()
 
 
-def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, shipped: bool,
+class _Logs:
+    """Each log a call asks about, read once: the tasks' own (`log_dir/<op>.jsonl`, which `tune` appends to
+    through the same object) and the shipped ones."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self._open: dict[Any, TuningLog] = {}
+
+    def own(self, op: str) -> TuningLog:
+        if op not in self._open:
+            self._open[op] = TuningLog(self.log_dir / f"{op}.jsonl")
+        return self._open[op]
+
+    def shipped(self, op: str, device: str) -> TuningLog:
+        if (op, device) not in self._open:
+            self._open[op, device] = TuningLog.shipped(op, device)
+        return self._open[op, device]
+
+
+def _tune_all(tasks: list[TaskReport], device: str, logs: _Logs, trials: int, shipped: bool,
               progress: bool, workers: _Workers) -> None:
     from tqdm import tqdm
 
@@ -385,24 +409,21 @@ def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, 
     try:
         for t in bar:
             bar.set_postfix_str(t.op)
-            _tune_task(t, device, log_dir / f"{t.op}.jsonl", trials, shipped, progress, workers)
+            _tune_task(t, device, logs, trials, shipped, progress, workers)
     finally:
         bar.close()
 
 
-def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool, progress: bool,
+def _tune_task(t: TaskReport, device: str, logs: _Logs, trials: int, shipped: bool, progress: bool,
                workers: _Workers) -> None:
     """Tune one task up to `trials` configs in its log (resume), then pick its best record."""
-    from .. import records
     from ..measure import require_local_device
     from ..task import make_task
     from ..tuner import tune
 
     task = make_task(t.op, device, **t.fields)
-    dev = task.device.name
-    mine = [r for r in records.current(records.for_task(records.load(log), t.op, t.workload_key, dev))
-            if r.error_kind != "harness"]  # as the tuner counts what it resumes
-    t.resumed = len({r.config_key for r in mine})
+    log = logs.own(t.op)
+    t.resumed = log.resumed(task)
     if t.resumed < trials and t.resumed < len(task.space):
         try:
             require_local_device(task)  # before anything is built
@@ -413,15 +434,14 @@ def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool
                           stacklevel=3)
             t.why = f"tuning failed: {type(err).__name__}: {err}"
             return
-    rec = records.best(records.current(records.load(log)), t.op, t.workload_key, dev)
+    rec = log.best(task)
     t.source = "tuned"
     if shipped:
-        pre = records.best(records.current(records.load_many(records.shipped_logs(t.op, dev))), t.op,
-                           t.workload_key, dev)
+        pre = logs.shipped(t.op, task.device.name).best(task)
         if pre is not None and (rec is None or pre.latency < rec.latency):
             rec, t.source = pre, "shipped record"
     if rec is None:
-        t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log})"
+        t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log.paths[0]})"
         t.source = ""
         return
     t.record, t.best_s = rec, rec.latency

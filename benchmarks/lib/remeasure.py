@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autotune.runtime import Timing
-from autotune.measure_cache import MeasurementCache
+from autotune.measure.cache import MeasurementCache
 from autotune.task import Task
 
 

@@ -18,11 +18,10 @@ def kernel_package(tasks: Sequence[Task], logs: Sequence[str] = (), prefix: str 
     """Export a package with one kernel per task into a new temporary directory and return its path: the best
     config `logs` hold for the task, else the template's default (untuned) config."""
     # Imported on use: a process that needs only the shapes (thread_pools' children) does not load TVM for them.
-    from autotune import records
     from autotune.package import export
+    from autotune.tuning_log import TuningLog
 
     out = tempfile.mkdtemp(prefix=prefix)
-    logged = records.load_many(logs)
-    export([records.best(logged, t.op, t.workload_key, t.device.name) or t.record(t.space.default(), costs=(0.0,))
-            for t in tasks], out)
+    logged = TuningLog(logs)
+    export([logged.best(t, include_stale=True) or t.record(t.space.default(), costs=(0.0,)) for t in tasks], out)
     return out
