@@ -11,7 +11,7 @@ paths first), then configs sampled per code path, --candidates per task in that 
 measured in, so a run cut short has measured the likely best). It then runs the device-side chain on this
 machine as far as it goes without a GPU (record_launches.py, with the device image's Python where this machine
 has it): every library loaded by tvm_ffi from the carried wheel, called under a stub CUDA driver, its launches
-recorded for the fallback launcher and repeated by it. Kernels are packed per batch (xz); DIR then holds all
+recorded for the fallback launcher and repeated by it. Kernels are packed per batch (gzip); DIR then holds all
 the device needs: the scripts of benchmarks/gpu_device/, TVM's runtime libraries, the wheels.
 
 `ingest` appends the measurements to logs/<device kind>/<op>.jsonl as records (with the template version that
@@ -22,6 +22,7 @@ can ship them; results already in a log are not added twice.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import hashlib
 import json
@@ -219,7 +220,8 @@ def record_launches(out: Path, python: str, batches: Iterable[Path] = (), verify
 # ---- prepare -------------------------------------------------------------------------------------------------
 def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0, ops: Iterable[str] = OPS,
             shapes: dict[str, tuple[str, ...]] | None = None, wheels: Path | None = None,
-            python: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+            python: str | None = None, say: Callable[[str], None] = functools.partial(print, flush=True)
+            ) -> dict[str, Any]:
     """Write DIR (see the module docstring); returns a summary (sizes, times, counts). `shapes` replaces
     SHAPES per operator; `python` runs the recording (default: the device image's Python, else this one)."""
     import tvm
@@ -250,6 +252,7 @@ def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0,
             task = make_task(op, f"cuda:{arch}", shape=shape)
             configs = choose_configs(task, candidates, seed)
             built = builder.build(task, configs)
+            build_s = time.perf_counter() - t1
             name = f"{n:02d}-{op}"
             batch = out / "batches" / name
             (batch / device_env.KERNELS).mkdir(parents=True)
@@ -275,8 +278,10 @@ def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0,
                     "candidates": cands, "failed": failed}
             device_env.write_json(batch / device_env.BATCH, spec)
             names.append(f"batches/{name}")
-            summary["batches"][name] = {"built": len(cands), "tried": len(built), "s": time.perf_counter() - t1}
-            say(f"{name} [{shape}]: {len(cands)}/{len(built)} built in {time.perf_counter() - t1:.0f} s")
+            summary["batches"][name] = {"built": len(cands), "tried": len(built), "build_s": build_s,
+                                        "s": time.perf_counter() - t1}
+            say(f"{name} [{shape}]: {len(cands)}/{len(built)} built in {build_s:.0f} s (the arguments described in "
+                f"{time.perf_counter() - t1 - build_s:.0f} s)")
     spec_gpu = GPUS[arch]
     device_env.write_json(out / device_env.PLAN, {
         "format": 1, "device": f"cuda:{arch}", "card": spec_gpu.card, "batches": names,
@@ -303,10 +308,11 @@ def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0,
 
 
 # ---- ingest ----------------------------------------------------------------------------------------------------
-def ingest(results: Path, log_dir: Path, prepared: Path | None = None, say: Callable[[str], None] = print
-           ) -> dict[str, int]:
-    """Append the results' records to log_dir/<op>.jsonl (failed builds too, as the tuner logs them); records
-    already there (same task, config and measurement time) are skipped. Returns records added per op."""
+def ingest(results: Path, log_dir: Path, prepared: Path | None = None,
+           say: Callable[[str], None] = functools.partial(print, flush=True)) -> dict[str, int]:
+    """Append the results' records to log_dir/<op>.jsonl (failed builds too, as the tuner logs them; not the
+    candidates the run did not get to, which say nothing of the candidate); records already there (same task,
+    config and measurement time) are skipped. Returns records added per op."""
     from autotune import records
     from autotune.records import Record
     from cost_model.program import PROGRAM_FEATURES_VERSION
@@ -331,6 +337,8 @@ def ingest(results: Path, log_dir: Path, prepared: Path | None = None, say: Call
                                       "template_version")}
         new = []
         for c in res["candidates"]:
+            if c["error_kind"] == "harness":
+                continue
             feats = features.get(f"{res['batch']}/{c['id']}") or None
             new.append(Record(**common, config=c["config"], config_key=c["config_key"], costs=tuple(c["costs"]),
                               error_kind=c["error_kind"], error=c["error"], build_s=c["build_s"],

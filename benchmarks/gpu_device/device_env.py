@@ -6,7 +6,7 @@
     plan.json                    the device, its roofs and the batches, in the order they are measured
     batches/NN-<op>/batch.json   one task: its workload, the fields of its records, and per candidate the config
                                  and how TVM's host code launches it (`launch`, recorded under the stub driver)
-    batches/NN-<op>/kernels.tar.xz   cNNN.so (TVM's library), cNNN.cubin and cNNN.cu of every candidate
+    batches/NN-<op>/kernels.tar.gz   cNNN.so (TVM's library), cNNN.cubin and cNNN.cu of every candidate
     lib/                         TVM's runtime libraries and the CUDA runtime they link
     wheels/                      apache-tvm-ffi and typing_extensions for the device image's Python
     autotune_runtime.py, search_spaces/   the TVM-free measuring core and the templates (autotune.package)
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-PLAN, BATCH, ARCHIVE, KERNELS, WHEELS = "plan.json", "batch.json", "kernels.tar.xz", "kernels", "wheels"
+PLAN, BATCH, ARCHIVE, KERNELS, WHEELS = "plan.json", "batch.json", "kernels.tar.gz", "kernels", "wheels"
 STUB_LOG = "GPU_CHECK_STUB_LOG"  # where the stub driver (stub_cuda.c) writes the calls it records
 TVM_FFI_VERSION = "0.1.14.post1"  # the version TVM's runtime libraries in lib/ were built against
 
@@ -89,12 +89,12 @@ def unpack_kernels(batch: Path) -> Path:
 
 
 def pack_kernels(batch: Path) -> None:
-    """The batch's kernels directory into one xz archive (a third of the size of the files: the libraries of one
-    task differ little), then removed."""
+    """The batch's kernels directory into one gzip archive, then removed. Not xz, though it packs a task's
+    libraries (which differ little) 7x smaller: Python builds without lzma exist, and every one has zlib."""
     import shutil
 
     kernels = batch / KERNELS
-    with tarfile.open(batch / ARCHIVE, "w:xz", preset=9) as tar:
+    with tarfile.open(batch / ARCHIVE, "w:gz", compresslevel=9) as tar:
         tar.add(kernels, arcname=KERNELS)
     shutil.rmtree(kernels)
 

@@ -233,6 +233,20 @@ def record_batch(batch: Path, stub: Stub, verify: bool) -> tuple[int, list[str],
     return done, notes, failures
 
 
+def chain_over_stub(stub_dir: str, site: Path) -> Stub:
+    """The device-side chain in this process, over the stub driver: the carried wheels unpacked into `site`
+    (for the device image's Python), the stub loaded, then tvm_ffi and TVM's runtime libraries from DIR/lib
+    (their libcuda.so.1 and libcudart.so.13 resolve to the stub's, so the carried CUDA runtime is left out)."""
+    device_env.unpack_wheels(HERE, site)
+    stub = Stub(stub_dir)
+    import tvm_ffi
+
+    ctypes.CDLL(os.path.join(os.path.dirname(tvm_ffi.__file__), "lib", "libtvm_ffi.so"), ctypes.RTLD_GLOBAL)
+    for name in ("libtvm_runtime.so", "libtvm_runtime_cuda.so"):
+        ctypes.CDLL(str(HERE / "lib" / name), ctypes.RTLD_GLOBAL)
+    return stub
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stub", required=True, help="directory of the stub libcuda.so.1 and libcudart.so.13")
@@ -240,15 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify", action="store_true", help="compare with the recorded specs instead of writing them")
     p.add_argument("batches", nargs="*", type=Path, help="batch directories (default: all of the plan's)")
     args = p.parse_args(argv)
-    site = args.site or Path(tempfile.mkdtemp(prefix="gpu-check-site-"))
-    device_env.unpack_wheels(HERE, site)
-    stub = Stub(args.stub)  # before TVM's libraries: their libcuda.so.1 and libcudart.so.13 resolve to it
+    stub = chain_over_stub(args.stub, args.site or Path(tempfile.mkdtemp(prefix="gpu-check-site-")))
     import tvm_ffi
 
-    ffi_lib = os.path.join(os.path.dirname(tvm_ffi.__file__), "lib", "libtvm_ffi.so")
-    ctypes.CDLL(ffi_lib, ctypes.RTLD_GLOBAL)
-    for name in ("libtvm_runtime.so", "libtvm_runtime_cuda.so"):  # not the carried libcudart: the stub's stands in
-        ctypes.CDLL(str(HERE / "lib" / name), ctypes.RTLD_GLOBAL)
     print(f"record_launches: Python {sys.version.split()[0]}, tvm_ffi {tvm_ffi.__version__} from "
           f"{Path(tvm_ffi.__file__).parent}", flush=True)
     total, bad = 0, 0

@@ -33,11 +33,22 @@ void stub_expect_params(const char* name, int count) {
   }
 }
 
-static uint64_t elf_size(const unsigned char* image) {  /* a 64-bit ELF ends with its section headers */
+static uint64_t elf_size(const unsigned char* image) {  /* a 64-bit ELF's extent: its furthest table or section */
   if (memcmp(image, "\177ELF", 4) || image[4] != 2) return 0;
-  uint64_t shoff; uint16_t shentsize, shnum;
-  memcpy(&shoff, image + 0x28, 8); memcpy(&shentsize, image + 0x3A, 2); memcpy(&shnum, image + 0x3C, 2);
-  return shoff + (uint64_t)shentsize * shnum;
+  uint64_t phoff, shoff, end;
+  uint16_t phentsize, phnum, shentsize, shnum;
+  memcpy(&phoff, image + 0x20, 8); memcpy(&shoff, image + 0x28, 8);
+  memcpy(&phentsize, image + 0x36, 2); memcpy(&phnum, image + 0x38, 2);
+  memcpy(&shentsize, image + 0x3A, 2); memcpy(&shnum, image + 0x3C, 2);
+  end = shoff + (uint64_t)shentsize * shnum;
+  if (phoff + (uint64_t)phentsize * phnum > end) end = phoff + (uint64_t)phentsize * phnum;
+  for (uint16_t i = 0; i < shnum; ++i) {
+    const unsigned char* sh = image + shoff + (uint64_t)i * shentsize;
+    uint32_t type; uint64_t offset, size;
+    memcpy(&type, sh + 4, 4); memcpy(&offset, sh + 0x18, 8); memcpy(&size, sh + 0x20, 8);
+    if (type != 8 /* SHT_NOBITS: no bytes in the file */ && offset + size > end) end = offset + size;
+  }
+  return end;
 }
 
 int cuInit(unsigned flags) { return 0; }
