@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=_seconds(), default=540.0,
                    help="the whole run's time, probe and report included (default 540: a 600 s command)")
     p.add_argument("--timeout-s", type=_seconds(MAX_TIMEOUT_S), default=MAX_TIMEOUT_S,
-                   help=f"seconds one candidate (or PyTorch path) may run before it counts as hung (<= {MAX_TIMEOUT_S:g})")
+                   help=f"seconds one candidate (or PyTorch path) may run before it counts as hung "
+                        f"(<= {MAX_TIMEOUT_S:g})")
     p.add_argument("--setup-timeout-s", type=_seconds(), default=120.0,
                    help="seconds a worker may take to start and make its task's inputs and reference")
     p.add_argument("--ops", help="comma-separated operators to measure (default: all prepared)")
@@ -187,8 +188,8 @@ def summarize(res: dict[str, Any], probe: dict[str, Any], plan: dict[str, Any]) 
         return lines
     best = min(good, key=lambda c: _median(c["costs"]))
     cold, hot = _median(best["costs"]), _median(best["hot_costs"])
-    line = f"    best c{best['id']}: {cold * 1e3:.4f} ms cold, {hot * 1e3:.4f} ms hot ({best['method']}, {best['loader']})"
-    lines.append(line + f"  {best['config']}")
+    lines.append(f"    best c{best['id']}: {cold * 1e3:.4f} ms cold, {hot * 1e3:.4f} ms hot ({best['method']}, "
+                 f"{best['loader']})  {best['config']}")
     if torch_paths:
         name, fastest = min(torch_paths.items(), key=lambda kv: _median(kv[1]["costs"]))
         t_cold, t_hot = _median(fastest["costs"]), _median(fastest["hot_costs"])
@@ -205,7 +206,8 @@ def summarize(res: dict[str, Any], probe: dict[str, Any], plan: dict[str, Any]) 
             rate = traffic["bytes"] / cold
             copy = probe.get("copy_bytes_per_s") or float("nan")
             lines.append(f"    roof: {rate / 1e12:.2f} TB/s moved = {rate / copy:.0%} of this run's copy "
-                         f"({copy / 1e12:.2f} TB/s), {rate / roofs['bandwidth']:.0%} of {roofs['bandwidth'] / 1e12:.1f} TB/s")
+                         f"({copy / 1e12:.2f} TB/s), {rate / roofs['bandwidth']:.0%} of "
+                         f"{roofs['bandwidth'] / 1e12:.1f} TB/s")
     for note in res.get("notes", []):
         lines.append(f"    note: {note}")
     return lines

@@ -61,8 +61,12 @@ def _short(err: BaseException) -> str:
 
 # ---- timing ------------------------------------------------------------------------------------------------
 def time_call(run: Callable[[], Any], flush: Any) -> dict[str, Any]:
-    """{"cold": seconds per call after an L2 flush, per repeat, "hot": back to back, "method": ...}."""
+    """{"cold": seconds per call after an L2 flush, per repeat, "hot": back to back, "method": ...}. `flush` is
+    a buffer twice the L2's size; without graphs, cold calls are timed as the tuner's runners time them
+    (autotune_runtime.time_cuda: an event pair around each eager call)."""
     import torch
+
+    import autotune_runtime as rt
 
     out: dict[str, Any] = {}
     stream = torch.cuda.Stream()  # warm-up on a side stream, as capture wants
@@ -76,7 +80,8 @@ def time_call(run: Callable[[], Any], flush: Any) -> dict[str, Any]:
         out["cold"], out["method"] = _cold_graph(run, flush), "graph"
     except Exception as err:  # noqa: BLE001 -- not capturable (a sync inside, an old torch): eager calls instead
         _require_context()
-        out["cold"], out["method"], out["why_not_graph"] = _cold_events(run, flush), "events", _short(err)
+        cold = rt.time_cuda(run, rt.Timing(number=COLD_CALLS, repeat=REPEATS, min_repeat_ms=0.0), flush.numel() // 2)
+        out["cold"], out["method"], out["why_not_graph"] = cold, "events", _short(err)
     calls = max(10, min(1000, int(HOT_GRAPH_S / max(statistics.median(out["cold"]), 1e-7))))
     try:
         out["hot"] = _hot_graph(run, calls) if out["method"] == "graph" else _hot_events(run, calls)
@@ -135,24 +140,6 @@ def _events_around(fn: Callable[[], Any], times: int, calls: int) -> list[float]
         end.record()
         torch.cuda.synchronize()
         costs.append(start.elapsed_time(end) / 1e3 / calls)
-    return costs
-
-
-def _cold_events(run: Callable[[], Any], flush: Any) -> list[float]:
-    import torch
-
-    costs = []
-    for _ in range(REPEATS):
-        pairs = []
-        for _ in range(COLD_CALLS):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize()
-        costs.append(statistics.fmean(s.elapsed_time(e) for s, e in pairs) / 1e3)
     return costs
 
 
@@ -285,9 +272,14 @@ def measure_batch(batch: Path, progress: Progress, deadline: float, loader: str,
         progress.set(setup=_short(err), current=None)
         return SETUP_FAILED
     progress.set(setup="ok", current=None, traffic={"bytes": traffic.bytes, "ops": traffic.ops, "unit": traffic.unit})
-    baselines = getattr(template, "baselines", None)
-    paths = (baselines(workload, *data.inputs) if baselines else {}) or {
-        "reference": lambda: template.reference(workload, *data.inputs)}
+    try:
+        baselines = getattr(template, "baselines", None)
+        paths = (baselines(workload, *data.inputs) if baselines else {}) or {
+            "reference": lambda: template.reference(workload, *data.inputs)}
+    except Exception as err:  # noqa: BLE001 -- PyTorch's side failed to set up; the candidates still run
+        paths = {}
+        if "torch:baselines" not in progress.state["items"]:
+            progress.done("torch:baselines", {"error": _short(err)})
     for name, fn in paths.items():
         key = f"torch:{name}"
         if key in progress.state["items"]:
