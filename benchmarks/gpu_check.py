@@ -3,7 +3,7 @@ no TVM, and brought back as tuning records. Runbook and figures: benchmarks/GPU.
 
     python benchmarks/gpu_check.py prepare DIR [--candidates 64]            # here: build, record, pack
     python DIR/check.py                                                     # there (DIR/check.py --help)
-    python benchmarks/gpu_check.py ingest OUT/gpu_check/results --prepared DIR [--log-dir logs/cuda]
+    python benchmarks/gpu_check.py ingest OUT/gpu_check/results.json --prepared DIR [--log-dir logs/cuda]
 
 `prepare` builds, for `cuda:sm_90`, each of the six operators at its DLRM shape (the tasks tune_model finds in
 examples/dlrm.py) and at one other shape: the default config, hand-picked fast tilings (qmatmul's tensor-core
@@ -310,29 +310,28 @@ def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0,
 # ---- ingest ----------------------------------------------------------------------------------------------------
 def ingest(results: Path, log_dir: Path, prepared: Path | None = None,
            say: Callable[[str], None] = functools.partial(print, flush=True)) -> dict[str, int]:
-    """Append the results' records to log_dir/<op>.jsonl (failed builds too, as the tuner logs them; not the
-    candidates the run did not get to, which say nothing of the candidate); records already there (same task,
-    config and measurement time) are skipped. Returns records added per op."""
+    """Append a run's records (results.json, or the folder holding it) to log_dir/<op>.jsonl: one per candidate
+    measured or failed there, one per failed build (as the tuner logs them); not the candidates the run did not
+    get to, which say nothing of the candidate. Records already in a log (same task, config and measurement
+    time) are skipped. Returns the records added per op."""
     from autotune import records
     from autotune.records import Record
     from cost_model.program import PROGRAM_FEATURES_VERSION
 
-    files = sorted(results.glob("*.json")) if results.is_dir() else [results]
-    if not files:
-        raise FileNotFoundError(f"no results in {results}")
+    path = results / "results.json" if results.is_dir() else results
+    run = json.loads(path.read_text())
+    if run.get("format") != 1 or "batches" not in run:
+        raise ValueError(f"{path}: not the results of a GPU check (format {run.get('format')!r})")
     features = {}
     if prepared is not None:
         with gzip.open(prepared / FEATURES, "rt") as f:
             features = json.load(f)
     added: dict[str, int] = {}
-    for path in files:
-        res = json.loads(path.read_text())
-        if res.get("format") != 1:
-            raise ValueError(f"{path}: not a GPU check result (format {res.get('format')!r})")
+    for res in run["batches"]:
         current = records.current_version(res["op"], res["device"])
         if current != res["template_version"]:
-            say(f"{path.name}: built by template version {res['template_version']}, the code here is {current}: "
-                "the records are kept with the version that built them (stale for this code)")
+            say(f"{res['batch']}: built by template version {res['template_version']}, the code here is {current}: "
+                "the records keep the version that built them (stale for this code)")
         common = {k: res[k] for k in ("op", "workload", "workload_key", "device", "target", "tvm_version",
                                       "template_version")}
         new = []
@@ -342,7 +341,7 @@ def ingest(results: Path, log_dir: Path, prepared: Path | None = None,
             feats = features.get(f"{res['batch']}/{c['id']}") or None
             new.append(Record(**common, config=c["config"], config_key=c["config_key"], costs=tuple(c["costs"]),
                               error_kind=c["error_kind"], error=c["error"], build_s=c["build_s"],
-                              timestamp=c.get("timestamp") or time.time(), features=feats,
+                              timestamp=c["timestamp"], features=feats,
                               features_version=PROGRAM_FEATURES_VERSION if feats else ""))
         for f in res["failed"]:
             new.append(Record(**common, config=f["config"], config_key=f["config_key"], error_kind=f["error_kind"],
@@ -352,8 +351,7 @@ def ingest(results: Path, log_dir: Path, prepared: Path | None = None,
         fresh = [r for r in new if (r.task, r.config_key, r.timestamp) not in seen]
         records.append(log, fresh)
         added[res["op"]] = added.get(res["op"], 0) + len(fresh)
-        ok = sum(1 for r in fresh if r.ok)
-        say(f"{path.name}: {len(fresh)} records ({ok} measured) -> {log}")
+        say(f"{res['batch']}: {len(fresh)} records ({sum(r.ok for r in fresh)} measured) -> {log}")
     return added
 
 
@@ -372,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
                     "filled by pip download)")
     pp.add_argument("--python", help="the Python to record launches with (default: the device image's version)")
     pi = sub.add_parser("ingest", help="append a GPU check's results to the tuning logs")
-    pi.add_argument("results", type=Path, help="OUT/gpu_check/results (or one of its files)")
+    pi.add_argument("results", type=Path, help="OUT/gpu_check/results.json (or the folder holding it)")
     pi.add_argument("--prepared", type=Path, help="the prepared DIR: records get the candidates' program features")
     pi.add_argument("--log-dir", type=Path, default=ROOT / "logs" / "cuda")
     args = p.parse_args(argv)

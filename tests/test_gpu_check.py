@@ -293,15 +293,17 @@ def _supervised(prepared, tmp_path, *args):
 def test_check_blames_hangs_crashes_and_failed_loads_and_goes_on(prepared, tmp_path):
     root, out, proc = _supervised(prepared, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = out / "gpu_check" / "results"
-    first = json.loads(sorted(results.iterdir())[0].read_text())
+    results = json.loads((out / "gpu_check" / "results.json").read_text())["batches"]
+    first = results[0]
     kinds = [(c["error_kind"], (c["error"] or "")[:30]) for c in first["candidates"]]
     assert kinds == [(None, ""), ("timeout", "no result within 2 s (hang?)"),
                      ("crash", "the measuring process died (ex"), ("runtime", "tvm load: RuntimeError: cannot"),
                      ("runtime", "illegal memory access"), (None, "")]
-    second = json.loads(sorted(results.iterdir())[1].read_text())
-    assert {c["error"] for c in second["candidates"]} == {"setup failed: RuntimeError: CUDA out of memory"}
-    assert len(list(results.iterdir())) == len(TINY)  # the other operators were measured regardless
+    assert {c["error"] for c in results[1]["candidates"]} == {"setup failed: RuntimeError: CUDA out of memory"}
+    assert len(results) == len(TINY)  # the other operators were measured regardless
+    written = {p.name for p in (out / "gpu_check").iterdir()}  # the device tool brings back eight files at most
+    assert {"check.log", "results.json", "summary.txt"} <= written <= {"check.log", "results.json", "summary.txt",
+                                                                       "worker.log"}  # (the real worker's log)
     table = proc.stdout
     assert "correct 2/6 (crash 1, ok 2, runtime 2, timeout 1)" in table
     assert "speed-up 2.00x cold, 2.00x hot" in table and "setup failed: RuntimeError: CUDA out of memory" in table
@@ -313,17 +315,16 @@ def test_check_blames_hangs_crashes_and_failed_loads_and_goes_on(prepared, tmp_p
 def test_check_out_of_time_measures_nothing_and_says_so(prepared, tmp_path):
     root, out, proc = _supervised(prepared, tmp_path, "--budget-s", "5")  # under the report's reserve
     assert proc.returncode == 1
-    for path in (out / "gpu_check" / "results").iterdir():
-        assert {c["error"] for c in json.loads(path.read_text())["candidates"]} == {
-            "not measured: the time budget ran out"}
+    for res in json.loads((out / "gpu_check" / "results.json").read_text())["batches"]:
+        assert {c["error"] for c in res["candidates"]} == {"not measured: the time budget ran out"}
 
 
 def test_ingest_appends_records_once_with_the_template_version_and_features(prepared, tmp_path):
     root, out, proc = _supervised(prepared, tmp_path)
     assert proc.returncode == 0, proc.stderr
     logs = tmp_path / "logs"
-    added = gpu_check.ingest(out / "gpu_check" / "results", logs, prepared=root, say=lambda m: None)
-    assert gpu_check.ingest(out / "gpu_check" / "results", logs, prepared=root, say=lambda m: None) == {
+    added = gpu_check.ingest(out / "gpu_check", logs, prepared=root, say=lambda m: None)
+    assert gpu_check.ingest(out / "gpu_check" / "results.json", logs, prepared=root, say=lambda m: None) == {
         op: 0 for op in added}  # ingesting again adds nothing
     first = json.loads((root / json.loads((root / "plan.json").read_text())["batches"][0] / "batch.json").read_text())
     recs = list(records.load(logs / f"{first['op']}.jsonl"))

@@ -18,9 +18,11 @@ What it does, all within --budget-s (default: a 600 s command with a minute to s
   3. prints per batch: candidates built / correct, the best (cold, hot) against PyTorch's fastest path, the
      speed-up, and the share of the roof (bytes moved per second against the copy's bandwidth and the
      datasheet's, or int8 tensor-core operations against the datasheet's peak);
-  4. writes OUT/gpu_check/: results/<batch>.json (one per batch: what `benchmarks/gpu_check.py ingest` turns
-     into records), probe.json, summary.txt (the table), worker.log (a line per candidate).
-Output is unbuffered and each batch's results are written as soon as it ends: a run cut short keeps them.
+  4. writes four files to OUT/gpu_check/ (the device tool brings back at most eight): results.json (the probe
+     and every batch: what `benchmarks/gpu_check.py ingest` turns into records), summary.txt (the table),
+     check.log (this output) and worker.log (a line per candidate). The workers' progress files stay in DIR/.work
+     (a second run with the same DIR resumes from them).
+Output is unbuffered and results.json is rewritten as each batch ends: a run cut short keeps what it finished.
 Exit status 0 if some candidate was measured, 1 if none, 2 for bad arguments.
 """
 
@@ -46,6 +48,7 @@ REPORT_RESERVE_S = 15.0  # kept back from the budget for the table and the files
 PROBE_TIMEOUT_S = 120.0
 WORKER = HERE / "gpu_worker.py"
 NOT_MEASURED = "not measured: the time budget ran out"
+RESULTS = "results.json"
 
 
 def _seconds(limit: float | None = None):
@@ -239,67 +242,85 @@ def compile_locally(batches: list[Path], arch: str, deadline: float) -> tuple[in
     return len(jobs) - len(failures), failures
 
 
+class Output:
+    """What this run writes to OUT/gpu_check: its lines (also to stdout), results.json, summary.txt."""
+
+    def __init__(self, out: Path):
+        self.dir = out / "gpu_check"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.dir / "check.log", "a")
+        self.results: dict[str, Any] = {"format": 1, "probe": {}, "batches": []}
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        print(text, file=self.log, flush=True)
+
+    def add(self, res: dict[str, Any]) -> None:
+        self.results["batches"].append(res)
+        device_env.write_json(self.dir / RESULTS, self.results)
+
+
+def run_probe(batches: list[Path], work: Path) -> dict[str, Any]:
+    """The probe's findings (an "error" where there is no GPU to measure on)."""
+    first = next(((b, c) for b in batches for c in device_env.read_json(b / device_env.BATCH)["candidates"]
+                  if "launch" in c), None)
+    path = work / "probe.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-u", str(WORKER), "--probe", str(path)]
+    if first is not None:
+        cmd += ["--cubin", str(device_env.unpack_kernels(first[0]) / first[1]["launch"]["cubin"])]
+    try:
+        subprocess.run(cmd, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the probe did not finish within {PROBE_TIMEOUT_S:g} s"}
+    return device_env.read_json(path) if path.exists() else {"error": "the probe died (see above)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
-    sys.stdout.reconfigure(line_buffering=True)
     args = parse_args(argv)
     deadline = started + args.budget_s - REPORT_RESERVE_S
     plan = device_env.read_json(HERE / device_env.PLAN)
-    out = args.out / "gpu_check"
-    (out / "results").mkdir(parents=True, exist_ok=True)
-    work = out / "progress"
+    output = Output(args.out)
+    work = HERE / ".work"
     work.mkdir(exist_ok=True)
-    log = out / "worker.log"
     os.environ["PYTHONUNBUFFERED"] = "1"
     device_env.unpack_wheels(HERE, HERE / ".site")  # workers inherit the path
     batches = [b for b in device_env.batches(HERE)
                if device_env.read_json(b / device_env.BATCH)["op"] in args.op_list]
-    print(f"gpu_check: {len(batches)} batches prepared for {plan['device']} ({plan['card']}), budget "
-          f"{args.budget_s:g} s, {args.timeout_s:g} s per candidate; results in {out}")
-    first = next((c for b in batches for c in device_env.read_json(b / device_env.BATCH)["candidates"]
-                  if "launch" in c), None)
-    cmd = [sys.executable, "-u", str(WORKER), "--probe", str(out / "probe.json")]
-    if first is not None:
-        batch = next(b for b in batches if first in device_env.read_json(b / device_env.BATCH)["candidates"])
-        cmd += ["--cubin", str(device_env.unpack_kernels(batch) / first["launch"]["cubin"])]
-    try:
-        subprocess.run(cmd, timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pass
-    probe = device_env.read_json(out / "probe.json") if (out / "probe.json").exists() else {
-        "error": f"the probe did not finish within {PROBE_TIMEOUT_S:g} s"}
+    output.say(f"gpu_check: {len(batches)} batches prepared for {plan['device']} ({plan['card']}), budget "
+               f"{args.budget_s:g} s, {args.timeout_s:g} s per candidate; results in {output.dir}")
+    probe = output.results["probe"] = run_probe(batches, work)
     if "error" in probe:
-        print(f"gpu_check: no GPU to measure on: {probe['error']} ({probe})")
-        (out / "summary.txt").write_text(f"no GPU: {probe['error']}\n")
+        output.say(f"gpu_check: no GPU to measure on: {probe['error']} ({probe})")
+        device_env.write_json(output.dir / RESULTS, output.results)
+        (output.dir / "summary.txt").write_text(f"no GPU: {probe['error']}\n")
         return 1
-    print(f"device: {probe['gpu']} ({probe['capability']}, {probe['sms']} SMs, L2 {probe['l2_bytes'] >> 20} MiB), "
-          f"driver {probe.get('driver')}, torch {probe['torch']} (CUDA {probe['torch_cuda']}), Python "
-          f"{probe['python']}; device-to-device copy {probe['copy_bytes_per_s'] / 1e12:.2f} TB/s")
+    output.say(f"device: {probe['gpu']} ({probe['capability']}, {probe['sms']} SMs, L2 {probe['l2_bytes'] >> 20} "
+               f"MiB), driver {probe.get('driver')}, torch {probe['torch']} (CUDA {probe['torch_cuda']}), Python "
+               f"{probe['python']}; device-to-device copy {probe['copy_bytes_per_s'] / 1e12:.2f} TB/s")
     if probe.get("cubin_loads") is False:
-        nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc")
-                                        else None)
-        print(f"the driver does not load the prepared cubins ({probe['cubin_error']}); "
-              + (f"compiling them again with {nvcc}" if nvcc else "no nvcc here to compile them again"))
+        nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
+        output.say(f"the driver does not load the prepared cubins ({probe['cubin_error']}); "
+                   + (f"compiling them again with {nvcc}" if nvcc else "no nvcc here to compile them again"))
         if nvcc:
             os.environ["PATH"] = os.pathsep.join([os.path.dirname(nvcc), os.environ.get("PATH", "")])
             done, failures = compile_locally(batches, probe["capability"], started + args.budget_s / 3)
-            print(f"  {done} compiled, {len(failures)} failed" + "".join(f"\n    {f}" for f in failures[:5]))
+            output.say(f"  {done} compiled, {len(failures)} failed" + "".join(f"\n    {f}" for f in failures[:5]))
     table = []
     for i, batch in enumerate(batches):
         share = max(0.0, deadline - time.time()) / (len(batches) - i)
-        state = measure_batch(batch, work, time.time() + share, args, log)
+        state = measure_batch(batch, work, time.time() + share, args, output.dir / "worker.log")
         res = batch_results(batch, state, probe)
-        device_env.write_json(out / "results" / f"{batch.name}.json", res)
+        output.add(res)
         lines = summarize(res, probe, plan)
-        print("\n".join(lines))
+        output.say("\n".join(lines))
         table += lines
-    summary = "\n".join([f"{probe['gpu']}, copy {probe['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
-                         f"{time.time() - started:.0f} s"] + table) + "\n"
-    (out / "summary.txt").write_text(summary)
-    measured = sum(1 for r in (device_env.read_json(p) for p in (out / "results").glob("*.json"))
-                   for c in r["candidates"] if c["error_kind"] is None)
-    print(f"gpu_check: {measured} candidates measured in {time.time() - started:.0f} s; ingest with\n"
-          f"    python benchmarks/gpu_check.py ingest {out}/results --prepared <the prepared DIR>")
+    (output.dir / "summary.txt").write_text("\n".join([f"{probe['gpu']}, copy {probe['copy_bytes_per_s'] / 1e12:.2f} "
+                                                       f"TB/s, {time.time() - started:.0f} s"] + table) + "\n")
+    measured = sum(c["error_kind"] is None for r in output.results["batches"] for c in r["candidates"])
+    output.say(f"gpu_check: {measured} candidates measured in {time.time() - started:.0f} s; bring them home with\n"
+               f"    python benchmarks/gpu_check.py ingest <OUT>/gpu_check/{RESULTS} --prepared <the prepared DIR>")
     return 0 if measured else 1
 
 

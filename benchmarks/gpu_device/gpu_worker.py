@@ -173,7 +173,7 @@ class Loaders:
         return cuda_launcher.load(self.kernels, cand, self.driver)
 
     def prefer_fallback(self, why: str) -> None:
-        if self.order[0] == "tvm" and "fallback" in self.order:
+        if self.order[:1] == ["tvm"] and "fallback" in self.order:
             self.order = ["fallback"]
             self.tvm_error = why
             self.notes.append(f"TVM's runtime failed where the fallback launcher worked ({why}); the fallback "
@@ -182,8 +182,8 @@ class Loaders:
 
 def measure_candidate(cand: dict[str, Any], data: Any, template: Any, loaders: Loaders, flush: Any,
                       rt: Any) -> dict[str, Any]:
-    """One candidate's outcome: costs (cold), hot costs, method and loader; or an error kind and message.
-    Raises ContextLost (after the outcome is known) where a CUDA error killed the context."""
+    """One candidate's outcome: costs (cold), hot costs, method and loader; or an error kind and message, with
+    `context_lost` where a CUDA error left the context unusable (the process must end once it is recorded)."""
     import torch
     from search_spaces.space import Config
 
@@ -213,12 +213,14 @@ def measure_candidate(cand: dict[str, Any], data: Any, template: Any, loaders: L
         run = (lambda: rt.call(func, args, True)) if how == "tvm" else (lambda: func(*args))
         try:
             timed = time_call(run, flush)
-        except ContextLost as err:
-            return {"error_kind": "runtime", "error": f"timing: {err}", "loader": how, "context_lost": True}
+        except Exception as err:  # noqa: BLE001 -- a call that worked once failed while timed
+            return {"error_kind": "runtime", "error": f"timing: {_short(err)}", "loader": how,
+                    "context_lost": isinstance(err, ContextLost) or not cuda_alive()}
         return {"costs": timed["cold"], "hot_costs": timed["hot"], "method": timed["method"], "loader": how,
                 "error_kind": None, "error": None, **({"why_not_graph": timed["why_not_graph"]}
                                                       if "why_not_graph" in timed else {})}
-    return {"error_kind": "runtime", "error": "; ".join(errors) or "no loader", "loader": None}
+    return {"error_kind": "runtime", "loader": None,
+            "error": "; ".join(errors) or "no loader: TVM's runtime did not load (see tvm_runtime) and --loader tvm"}
 
 
 # ---- one batch -----------------------------------------------------------------------------------------------
@@ -259,7 +261,7 @@ def measure_batch(batch: Path, progress: Progress, deadline: float, loader: str,
     except Exception as err:  # noqa: BLE001 -- TVM's runtime is out; the fallback may still run everything
         order = [o for o in order if o != "tvm"]
         progress.set(tvm_runtime=_short(err))
-    loaders = Loaders(device_env.unpack_kernels(batch), order or ["fallback"])
+    loaders = Loaders(device_env.unpack_kernels(batch), order)  # empty: every candidate fails to load, saying so
     if progress.state.get("fallback_only"):
         loaders.order = ["fallback"]
     progress.start("setup")
