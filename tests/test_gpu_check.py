@@ -164,6 +164,7 @@ local = cuda_launcher.compile_local(kernels, cand["launch"], "sm_90")
 stub.reset({})
 print("recompiled", type(loaders.load("fallback", cand)).__name__,
       [c["bytes"] for c in stub.calls() if c["call"] == "load"] == [local.stat().st_size])
+print("same as TVM's", local.read_bytes() == (kernels / "c000.cubin").read_bytes())
 """
 
 
@@ -178,8 +179,9 @@ def test_a_module_that_will_not_load_falls_back_to_the_launcher_then_to_nvcc(pre
                            str(tmp_path / "site"), str(batch)], capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:5] == ["tvm Function", "tvm fails RuntimeError", "fallback KernelFunction",
-                                           "cubin refused True", "recompiled KernelFunction True"]
+    assert proc.stdout.split("\n")[:6] == ["tvm Function", "tvm fails RuntimeError", "fallback KernelFunction",
+                                           "cubin refused True", "recompiled KernelFunction True",
+                                           "same as TVM's True"]  # the CUDA C kept is what TVM compiled
 
 
 def test_the_launcher_checks_shapes_and_widens_parameters():

@@ -174,12 +174,13 @@ def load(kernels: Path, cand: dict[str, Any], driver: Driver) -> KernelFunction:
 
 def compile_local(kernels: Path, spec: dict[str, Any], arch: str, nvcc: str = "nvcc", timeout: float = 120) -> Path:
     """The candidate's CUDA C compiled by this machine's nvcc for `arch` (e.g. "sm_90"), with the flags
-    autotune.cuda compiles it with, next to the prepared cubin: for a driver older than the toolkit that built
-    the prepared one. Raises subprocess.CalledProcessError (or TimeoutExpired)."""
+    autotune.cuda compiles it with (the same toolkit makes the prepared cubin byte for byte), next to the
+    prepared cubin: for a driver older than the toolkit that built the prepared one. Raises
+    subprocess.CalledProcessError (or TimeoutExpired)."""
     source = kernels / spec["source"]
     out = kernels / (spec["cubin"].removesuffix(".cubin") + LOCAL_SUFFIX)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    subprocess.run([nvcc, "--cubin", "-O3", f"-arch={arch}", "--expt-relaxed-constexpr", "-o", str(tmp),
-                    str(source)], check=True, capture_output=True, text=True, timeout=timeout)
+    subprocess.run([nvcc, "--cubin", "-O3", f"-arch={arch}", "-Xptxas=-v", "--expt-relaxed-constexpr", "-o",
+                    str(tmp), str(source)], check=True, capture_output=True, text=True, timeout=timeout)
     os.replace(tmp, out)
     return out
