@@ -91,9 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_worker(cmd: list[str], progress: Path, timeout: float, setup_timeout: float, hard_deadline: float
                ) -> int | str | None:
     """Run one worker: None once it exits 0, its exit status if it fails, "timeout" if it was killed because the
-    item it named in the progress file ran past `timeout` (or its setup past `setup_timeout`, or the batch past
-    `hard_deadline`). An item's start is the progress file's last write (the worker writes it as items start
-    and end)."""
+    item it named in the progress file ran past `timeout` (or its setup past `setup_timeout`), "deadline" if it
+    was killed at `hard_deadline`. An item's start is the progress file's last write (the worker writes it as
+    items start and end)."""
     proc = subprocess.Popen(cmd)
     started = time.time()
     while True:
@@ -112,7 +112,7 @@ def run_worker(cmd: list[str], progress: Path, timeout: float, setup_timeout: fl
         if now - since > limit or now > hard_deadline:
             proc.kill()
             proc.wait()
-            return "timeout"
+            return "timeout" if now - since > limit else "deadline"
 
 
 def measure_batch(batch: Path, work: Path, deadline: float, args: argparse.Namespace, log: Path) -> dict[str, Any]:
@@ -129,8 +129,12 @@ def measure_batch(batch: Path, work: Path, deadline: float, args: argparse.Names
         cmd = [sys.executable, "-u", str(WORKER), str(batch), "--progress", str(progress), "--deadline",
                str(deadline), "--loader", args.loader, "--log", str(log)]
         outcome = run_worker(cmd, progress, args.timeout_s, args.setup_timeout_s, deadline + args.timeout_s)
+        if outcome == "deadline":  # the batch's time is up: what was running is not to blame, and stays unmeasured
+            break
         state = device_env.read_json(progress) if progress.exists() else {"items": {}, "current": "setup"}
         current = state.get("current")
+        if outcome is None and len(state["items"]) == before:  # it ended well and did nothing: its time was up
+            break
         if outcome is not None and current not in (None, "setup"):  # the item it was on is to blame
             kind = "timeout" if outcome == "timeout" else "crash"
             why = (f"no result within {args.timeout_s:g} s (hang?)" if outcome == "timeout" else
@@ -142,7 +146,7 @@ def measure_batch(batch: Path, work: Path, deadline: float, args: argparse.Names
             setup_failures += 1
             last_error = state.get("setup") if state.get("setup") not in (None, "ok") else (
                 f"setup took over {args.setup_timeout_s:g} s" if outcome == "timeout" else f"worker exit {outcome}")
-    state.setdefault("items", {})
+    state = device_env.read_json(progress) if progress.exists() else {"items": {}}
     if setup_failures >= 2:
         state["setup"] = last_error
     return state
