@@ -309,8 +309,8 @@ def test_check_blames_hangs_crashes_and_failed_loads_and_goes_on(prepared, tmp_p
     table = proc.stdout
     assert "correct 2/6 (crash 1, ok 2, runtime 2, timeout 1)" in table
     assert "speed-up 2.00x cold, 2.00x hot" in table and "setup failed: RuntimeError: CUDA out of memory" in table
-    assert "roof: 2.00 TB/s moved = 50% of this run's copy (4.00 TB/s), 42% of 4.8 TB/s" in table
-    assert "roof: 1000.0 int8 TOPS = 50.5% of the 1979 TOPS tensor-core peak" in table
+    assert "roof: 2.00 TB/s moved = 50% of this run's copy (4.00 TB/s), 42% of 4.8 TB/s (PyTorch 1.00)" in table
+    assert "roof: 1000.0 int8 TOPS = 50.5% of the 1979 TOPS tensor-core peak (PyTorch 500.0)" in table
     assert (out / "gpu_check" / "summary.txt").read_text().startswith("Fake H200")
 
 

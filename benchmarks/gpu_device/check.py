@@ -197,6 +197,7 @@ def summarize(res: dict[str, Any], probe: dict[str, Any], plan: dict[str, Any]) 
     cold, hot = _median(best["costs"]), _median(best["hot_costs"])
     lines.append(f"    best c{best['id']}: {cold * 1e3:.4f} ms cold, {hot * 1e3:.4f} ms hot ({best['method']}, "
                  f"{best['loader']})  {best['config']}")
+    t_cold = float("nan")
     if torch_paths:
         name, fastest = min(torch_paths.items(), key=lambda kv: _median(kv[1]["costs"]))
         t_cold, t_hot = _median(fastest["costs"]), _median(fastest["hot_costs"])
@@ -208,13 +209,14 @@ def summarize(res: dict[str, Any], probe: dict[str, Any], plan: dict[str, Any]) 
         if res["roof"] == "int8_tc":
             rate = traffic["ops"] / cold
             lines.append(f"    roof: {rate / 1e12:.1f} int8 TOPS = {rate / roofs['peak_int8_tc']:.1%} of the "
-                         f"{roofs['peak_int8_tc'] / 1e12:.0f} TOPS tensor-core peak")
+                         f"{roofs['peak_int8_tc'] / 1e12:.0f} TOPS tensor-core peak (PyTorch "
+                         f"{traffic['ops'] / t_cold / 1e12:.1f})")
         else:
             rate = traffic["bytes"] / cold
             copy = probe.get("copy_bytes_per_s") or float("nan")
             lines.append(f"    roof: {rate / 1e12:.2f} TB/s moved = {rate / copy:.0%} of this run's copy "
                          f"({copy / 1e12:.2f} TB/s), {rate / roofs['bandwidth']:.0%} of "
-                         f"{roofs['bandwidth'] / 1e12:.1f} TB/s")
+                         f"{roofs['bandwidth'] / 1e12:.1f} TB/s (PyTorch {traffic['bytes'] / t_cold / 1e12:.2f})")
     for note in res.get("notes", []):
         lines.append(f"    note: {note}")
     return lines
