@@ -10,6 +10,10 @@
     lib/                         TVM's runtime libraries and the CUDA runtime they link
     wheels/                      apache-tvm-ffi and typing_extensions for the device image's Python
     autotune_runtime.py, search_spaces/   the TVM-free measuring core and the templates (autotune.package)
+    features.json.gz             each candidate's program features, for ingest (not used on the device)
+
+and, once check.py ran there, .site/ (the wheels unpacked) and .work/ (the workers' progress: a second run
+resumes from it).
 
 This module imports nothing but the standard library, so every script can call it first.
 """
@@ -26,7 +30,6 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
 PLAN, BATCH, ARCHIVE, KERNELS, WHEELS = "plan.json", "batch.json", "kernels.tar.gz", "kernels", "wheels"
 STUB_LOG = "GPU_CHECK_STUB_LOG"  # where the stub driver (stub_cuda.c) writes the calls it records
 TVM_FFI_VERSION = "0.1.14.post1"  # the version TVM's runtime libraries in lib/ were built against

@@ -19,8 +19,6 @@ around eager calls are used instead (`method: events`: launches included).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
