@@ -33,6 +33,9 @@ class Built:
     usage: tuple[Any, ...] = ()  # GPU: per-kernel registers/shared memory/threads from ptxas (cuda.KernelUsage)
     # cost_model.program features of the module compiled ({} if it did not lower or no extractor coped)
     features: dict[str, float] = field(default_factory=dict, hash=False)
+    # GPU: the CUDA C the cubin was compiled from (an exported library keeps only the cubin), so a machine whose
+    # driver cannot load that cubin can compile the kernel again with its own nvcc; "" for CPU builds
+    device_source: str = field(default="", hash=False, repr=False)
 
 
 def compile_module(task: Task, cfg: Config):  # -> tvm Executable
@@ -90,12 +93,13 @@ def _features(task: Task, mod: Any) -> dict[str, float]:
         return {}
 
 
-BuildResult = tuple[str | None, float, str | None, str | None, tuple, dict]
+BuildResult = tuple[str | None, float, str | None, str | None, tuple, dict, str]
 
 
 def _build_one(task: Task, cfg: Config, out_dir: str) -> BuildResult:
     """Runs in a worker: lower once, featurize and compile that module, export; returns (lib, seconds,
-    error_kind, error, usage, features). Seconds exclude featurizing, so build times stay comparable."""
+    error_kind, error, usage, features, device source). Seconds exclude featurizing, so build times stay
+    comparable."""
     t0 = time.perf_counter()
     features: dict[str, float] = {}
     try:
@@ -105,13 +109,14 @@ def _build_one(task: Task, cfg: Config, out_dir: str) -> BuildResult:
         t0 += time.perf_counter() - t1
         exe, usage = compile_lowered(mod, task)
     except InvalidConfig as err:
-        return None, time.perf_counter() - t0, "invalid", str(err), (), features
+        return None, time.perf_counter() - t0, "invalid", str(err), (), features, ""
     except Exception as err:  # TVM raises many kinds; each is this candidate's failure, not the tuner's
-        return None, time.perf_counter() - t0, "build", describe_error(err), (), features
+        return None, time.perf_counter() - t0, "build", describe_error(err), (), features, ""
     fd, lib = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     exe.export_library(lib)
-    return lib, time.perf_counter() - t0, None, None, usage, features
+    source = "".join(m.inspect_source("") for m in exe.mod.imports) if task.device.is_gpu else ""
+    return lib, time.perf_counter() - t0, None, None, usage, features, source
 
 
 def _featurize_one(task: Task, cfg: Config) -> dict[str, float]:
@@ -175,8 +180,8 @@ class Builder:
         out = []
         for cfg, res in zip(configs, results):
             if res.status == StatusKind.COMPLETE:
-                lib, secs, kind, msg, usage, features = res.value
-                out.append(Built(cfg, lib, secs, kind, msg, usage, features))
+                lib, secs, kind, msg, usage, features, source = res.value
+                out.append(Built(cfg, lib, secs, kind, msg, usage, features, source))
             elif res.status == StatusKind.TIMEOUT:
                 out.append(Built(cfg, None, self.timeout, "build_timeout", f"build exceeded {self.timeout:.0f} s"))
             else:
