@@ -321,6 +321,9 @@ class GraphRule:
     find: Callable[[Any, dict[str, Any], set[Any]], Iterable[GraphMatch | Kept]]
     priority: int = 0
     quantizes: bool = False  # changes numerics (int8): skipped by tune_model(quantize=False)
+    fuses: tuple[str, ...] = ()  # names of the rules whose sites its matches take together (e.g. the embedding
+    #   bags and the interaction they feed): tune_model tunes those rules' tasks too, and keeps this rule's
+    #   replacements only where the whole model runs faster with them than with those rules' instead
 
 
 class Template(Protocol):

@@ -238,18 +238,43 @@ class Discovery:
 
     matches: list[GraphMatch] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
+    alternatives: list[GraphMatch] = field(default_factory=list)  # what the rules a fusing rule's matches fuse
+    #   (GraphRule.fuses) find at those sites without it: their kernels are tuned too, to be compared with it
 
 
 def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
              full_precision: frozenset[str] = frozenset()) -> Discovery:
-    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals;
-    the quantizing rules leave the nodes named in `full_precision` alone."""
+    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals,
+    and the alternatives to the fusing rules' matches; the quantizing rules leave the nodes named in
+    `full_precision` alone."""
     values = example_values(gm, example_inputs)
     out = Discovery()
     claimed: set[fx.Node] = set()
     for rule in rules:
         for found in _find(rule, gm, values, claimed, full_precision):
             (out.matches if isinstance(found, GraphMatch) else out.kept).append(found)
+    out.alternatives = _alternatives(gm, values, rules, out.matches, full_precision)
+    return out
+
+
+def _alternatives(gm: fx.GraphModule, values: dict[str, Any], rules: Sequence[GraphRule],
+                  matches: Sequence[GraphMatch], full_precision: frozenset[str]) -> list[GraphMatch]:
+    """The matches the rules named in a fusing rule's `fuses` find where its matches took nodes, the rules run
+    again without the fusing rules."""
+    fusing = {r.name: r for r in rules if r.fuses}
+    fused = [m for m in matches if m.rule in fusing]
+    if not fused:
+        return []
+    taken = {n for m in fused for n in m.nodes}
+    fused_rules = {name for m in fused for name in fusing[m.rule].fuses}
+    out: list[GraphMatch] = []
+    claimed: set[fx.Node] = set()
+    for rule in rules:
+        if rule.name in fusing:
+            continue
+        for found in _find(rule, gm, values, claimed, full_precision):
+            if isinstance(found, GraphMatch) and rule.name in fused_rules and taken.intersection(found.nodes):
+                out.append(found)
     return out
 
 

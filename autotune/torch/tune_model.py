@@ -21,6 +21,7 @@ into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -251,7 +252,7 @@ def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[An
     job.report.whole_model.clear()  # this rewrite's verdicts only
     gm = capture(job.model, job.args)
     found = discover(gm, job.args, job.ruleset, fp32)
-    new = _new_tasks(job.report, found.matches, job.times)
+    new = _new_tasks(job.report, [*found.matches, *found.alternatives], job.times)
     if new:
         _tune_all(new, job.device, job.log_dir, job.trials, job.shipped, job.progress, workers)
         best = [t.record for t in job.report.tasks if t.record is not None]
@@ -262,6 +263,7 @@ def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[An
     done = rewrite(gm, job.args, job.ruleset, ready, job.check, full_precision=fp32, timing_inputs=job.timing[1:])
     if job.check is not None:
         gm, done = _whole_model_check(job, gm, done, ready, fp32)
+        gm, done = _fusion_check(job, gm, done, ready, fp32)
     return gm, done
 
 
@@ -474,6 +476,30 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: froz
                                       f"{ms(now_s)} without: {'wired in' if faster else 'kept out'}")
         if faster:
             gm, done, wired = alt_gm, alt, wired | {rule.name}
+    return gm, done
+
+
+def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: frozenset[str]) -> tuple[Any, Rewrite]:
+    """The whole model with each fusing rule's replacements (`GraphRule.fuses`, e.g. the embedding bags and the
+    interaction as one kernel) against the model rewritten without that rule, where the rules it fuses take its
+    sites (with their own whole-model check): timed as `_whole_model_check` times, the fused model is kept only
+    if faster by `check.margin`, and the report says what each took."""
+    assert job.check is not None
+    for rule in [r for r in job.ruleset if r.fuses]:
+        if not any(r.rule == rule.name for r in done.replaced):
+            continue
+        apart = dataclasses.replace(job, ruleset=[r for r in job.ruleset if r is not rule])
+        alt_gm = capture(job.model, job.args)
+        alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, full_precision=fp32,
+                      timing_inputs=job.timing[1:])
+        alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, fp32)
+        with torch.inference_mode():
+            fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
+        faster = fused_s <= apart_s * (1.0 - job.check.margin)
+        job.report.whole_model.append(f"{rule.name}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
+                                      f"{' + '.join(rule.fuses)} apart: {'kept' if faster else 'left out'}")
+        if not faster:
+            gm, done, job = alt_gm, alt, apart
     return gm, done
 
 

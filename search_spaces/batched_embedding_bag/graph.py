@@ -20,7 +20,7 @@ from ..template import GraphMatch, GraphRule, Kept
 from .torch_op import concat_tables
 from .workload import Workload, tolerance
 
-__all__ = ["RULES", "groups"]
+__all__ = ["RULES", "groups", "table_nodes"]
 
 aten = torch.ops.aten
 RULE = "batched_embedding_bag"
@@ -90,23 +90,31 @@ def _already_fused(params: list[torch.Tensor]) -> torch.Tensor | None:
     return first.detach().new_empty(0).set_(storage, start, (rows, first.shape[1]))
 
 
+def table_nodes(gm: Any, group: list[Bag]) -> tuple[Any, Any]:
+    """get_attr nodes of the group's tables as one weight (a Parameter where the tables took gradients) and of
+    their first rows, inserted at the graph's insertion point; the model's own tables become views of the one
+    buffer (`p.data = fused[r0:r1]`): no second copy."""
+    fused, table_offsets, params = fuse_tables(gm, group)
+    weight = register(gm, "autotune_tables", fused, trainable=any(p.requires_grad for p in params))
+    starts = register(gm, "autotune_table_offsets", table_offsets)
+    for p, r0, r1 in zip(params, table_offsets.tolist(), table_offsets.tolist()[1:]):
+        p.data = fused[r0:r1]
+    return weight, starts
+
+
 def _replace(group: list[Bag]) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
-        fused, table_offsets, params = fuse_tables(gm, group)
         indices, offsets = [b.indices for b in group], [b.offsets for b in group]
         t_count, dim = len(group), group[0].dim
         point = insertion_point(gm, indices + offsets, [b.out for b in group])
         with gm.graph.inserting_before(point):
-            weight = register(gm, "autotune_tables", fused, trainable=any(p.requires_grad for p in params))
-            starts = register(gm, "autotune_table_offsets", table_offsets)
+            weight, starts = table_nodes(gm, group)
             out = gm.graph.call_function(torch.ops.autotune.batched_embedding_bag.default, (
                 weight, starts, indices, offsets, group[0].mode, group[0].include_last_offset))
             v = gm.graph.call_function(aten.view.default, (out, [-1, t_count, dim]))
             news = [gm.graph.call_function(aten.select.int, (v, 1, k)) for k in range(t_count)]
         for node in (weight, starts, out, v, *news):
             node.meta["nn_module_stack"] = group[0].node.meta.get("nn_module_stack", {})
-        for p, r0, r1 in zip(params, table_offsets.tolist(), table_offsets.tolist()[1:]):
-            p.data = fused[r0:r1]  # the model's own tables become views of the one buffer: no second copy
         return tuple(news)
 
     return replace

@@ -20,7 +20,7 @@ from ..interaction import workload as dots
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload
 
-__all__ = ["Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args", "pack", "reference",
+__all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args", "pack", "reference",
            "timed_inputs", "tolerance", "traffic"]
 
 OP = "embedding_interaction"
@@ -162,7 +162,7 @@ def check_inputs(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: 
     _need(x.dtype == torch.float32, f"x must be float32, got {x.dtype}", InvalidDtype)
     _need(x.dim() == 2 and x.shape[1] == w.dim and x.is_contiguous(),
           f"x must be a contiguous (batch, {w.dim}) tensor, got shape {tuple(x.shape)}")
-    with renamed():
+    with RENAMED:
         bags.check_inputs(w.bags, weight, table_offsets, indices, offsets)
     _need(x.device == weight.device, f"x is on {x.device} but the tables on {weight.device}: one device")
     _need(offsets.numel() - 1 == w.tables * x.shape[0],
@@ -170,8 +170,9 @@ def check_inputs(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: 
           f"{x.shape[0]}, got {offsets.numel()}")
 
 
-class renamed:
-    """Re-raise the bag checks' errors (batched_embedding_bag's, whose messages name it) as this operator's."""
+class _Renamed:
+    """A context that re-raises the bag checks' errors (batched_embedding_bag's, whose messages name it) as this
+    operator's: one instance (RENAMED) serves every call, so a check pays no allocation for it."""
 
     def __enter__(self) -> None:
         return None
@@ -180,6 +181,9 @@ class renamed:
         if isinstance(err, (InvalidInput, InvalidDtype, IndexOutOfRange)):
             raise type(err)(str(err).replace("batched_embedding_bag", OP, 1)) from None
         return False
+
+
+RENAMED = _Renamed()
 
 
 def pack(w: Workload, cfg: Any, *weights: Any) -> tuple[Any, ...]:
@@ -203,6 +207,6 @@ def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
     if code:
         weight, table_offsets, indices, offsets = args[1:5]
         if offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
-            with renamed():
+            with RENAMED:
                 bags.check_data(w.bags, weight, table_offsets, indices, offsets)
         raise flag_error(code, OP)
