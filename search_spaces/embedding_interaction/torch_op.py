@@ -38,7 +38,7 @@ def embedding_interaction(x: Tensor, weight: Tensor, table_offsets: Tensor, indi
     """DLRM's dot interaction of x (B, D) with the T tables' pooled bags: `interaction(x, batched_embedding_bag(
     weight, table_offsets, indices, offsets, "sum", include_last_offset).view(B, T, D), self_interaction)`."""
     ly = tbe.batched_embedding_bag(weight, table_offsets, indices, offsets, "sum", include_last_offset)
-    return dot_interaction(x, ly.view(ly.shape[0], len(indices), -1).to(x.dtype), self_interaction)
+    return dot_interaction(x, ly.view(ly.shape[0], len(indices), table_dim(weight)).to(x.dtype), self_interaction)
 
 
 def _pairs(tables: int, self_interaction: bool) -> int:
@@ -164,7 +164,7 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
         w_ = weight.detach().requires_grad_(want_weight)
         bags = pool_dequantized(table_dtype(weight) or "float32", w_, rows, offs.long(), mode="sum",
                                 include_last_offset=True)  # (T * B, D), table-major
-        ly = bags.view(tables, x.shape[0], -1).transpose(0, 1).to(x.dtype)
+        ly = bags.view(tables, x.shape[0], table_dim(weight)).transpose(0, 1).to(x.dtype)
         out = dot_interaction(x_, ly, self_interaction)
         wanted = [t for t, want in ((x_, want_x), (w_, want_weight)) if want]
         grads = iter(torch.autograd.grad(out, wanted, grad))
