@@ -11,9 +11,11 @@ record of the same workload and CPU when faster) is exported to `log_dir/package
 holds exactly those kernels) and loaded; the rules rewrite the graph, each replacement kept only if it
 reproduces the model's values on the example inputs and (`require_speedup`) runs faster than the code it
 replaces there, timed interleaved (`speed.py`: a tuned kernel can agree and still lose to PyTorch, as int8
-Linears do on small CPUs); the rewritten model is held to the accuracy contract (`tolerance`, on the example
-and held-out batches: `accuracy.py`), int8 layers that break it staying fp32, the most error-sensitive first;
-eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
+Linears do on small CPUs); a rule that fuses others' sites (`GraphRule.fuses`: the embedding bags and the
+interaction as one kernel) is kept only where the whole model runs faster with it than with those rules'
+replacements (their tasks are tuned too); the rewritten model is held to the accuracy contract (`tolerance`, on
+the example and held-out batches: `accuracy.py`), int8 layers that break it staying fp32, the most
+error-sensitive first; eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
 ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
@@ -492,7 +494,9 @@ def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: frozenset
         alt_gm = capture(job.model, job.args)
         alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, full_precision=fp32,
                       timing_inputs=job.timing[1:])
+        before = len(job.report.whole_model)
         alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, fp32)
+        job.report.whole_model[before:] = [f"without {rule.name}, {v}" for v in job.report.whole_model[before:]]
         with torch.inference_mode():
             fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
         faster = fused_s <= apart_s * (1.0 - job.check.margin)
