@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..batched_embedding_bag import workload as bags
+from ..batched_embedding_bag import workload as batched
 from ..batched_embedding_bag.workload import parse_rows
 from ..embedding_bag.rows import RowFormat
 from ..embedding_bag.workload import error_flag, flag_error, flagged, needs, parse_pooling
-from ..interaction import workload as dots
+from ..interaction import workload as interaction
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload
 
@@ -62,16 +62,16 @@ class Workload(_Workload):
         _ = self.dots  # validates the interaction's fields (batch, tables, dim) as it does
 
     @property
-    def bags(self) -> bags.Workload:
+    def bags(self) -> batched.Workload:
         """The table-batched embedding bag (sum pooling) this call's bags are."""
-        return bags.Workload(rows=self.rows, dim=self.dim, batch=self.batch, pooling=self.pooling,
+        return batched.Workload(rows=self.rows, dim=self.dim, batch=self.batch, pooling=self.pooling,
                              tables=self.tables, mode="sum", index_dtype=self.index_dtype,
                              distribution=self.distribution, zipf_exponent=self.zipf_exponent, dtype=self.dtype)
 
     @property
-    def dots(self) -> dots.Workload:
+    def dots(self) -> interaction.Workload:
         """The dot interaction this call computes on the pooled rows."""
-        return dots.Workload(batch=self.batch, tables=self.tables, dim=self.dim,
+        return interaction.Workload(batch=self.batch, tables=self.tables, dim=self.dim,
                              self_interaction=bool(self.self_interaction))
 
     @property
@@ -93,25 +93,20 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
     import torch
 
     x = torch.randn(w.batch, w.dim, generator=torch.Generator().manual_seed(seed + 7))
-    return (x, *bags.inputs(w.bags, seed))
+    return (x, *batched.inputs(w.bags, seed))
 
 
 def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: int) -> tuple[tuple[Any, ...], ...]:
     """The input sets timed calls cycle through: the bags' (new rows gathered each call), the same x."""
     x, *rest = tensors
-    return tuple((x, *s) for s in bags.timed_inputs(w.bags, seed, tuple(rest), cache_bytes))
-
-
-def pooled(w: Workload, weight: Any, table_offsets: Any, indices: Any, offsets: Any, like: Any) -> Any:
-    """The (B, T, D) pooled rows (batched_embedding_bag's reference), in `like`'s dtype."""
-    out = bags.reference(w.bags, weight, table_offsets, indices, offsets)
-    return out.view(out.shape[0], w.tables, w.dim).to(like.dtype)
+    return tuple((x, *s) for s in batched.timed_inputs(w.bags, seed, tuple(rest), cache_bytes))
 
 
 def reference(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: Any, offsets: Any) -> Any:
     """The batched embedding bag, then DLRM's dot interaction: (B, D + pairs). Computed in the dtype of `x` (float64
     under the float64 rule; the pooled rows of a reduced-precision table are its float32 values, converted)."""
-    return dot_interaction(x, pooled(w, weight, table_offsets, indices, offsets, x), w.self_interaction)
+    ly = batched.reference(w.bags, weight, table_offsets, indices, offsets)
+    return dot_interaction(x, ly.view(ly.shape[0], w.tables, w.dim).to(x.dtype), w.self_interaction)
 
 
 def baselines(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: Any, offsets: Any
@@ -130,7 +125,7 @@ def baselines(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: Any
         t = torch.cat([x.unsqueeze(1), ly.view(batch, w.tables, w.dim)], dim=1)
         return torch.cat([x, torch.bmm(t, t.transpose(1, 2)).flatten(1).index_select(1, flat)], dim=1)
 
-    calls = bags.baselines(w.bags, weight, table_offsets, indices, offsets)
+    calls = batched.baselines(w.bags, weight, table_offsets, indices, offsets)
     return {f"{name} + bmm": (lambda bag=bag: interact(bag())) for name, bag in calls.items()}
 
 
@@ -138,14 +133,14 @@ def traffic(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: Any, 
     """The gathered rows, x read and the output written once; the ops are the dot products' flops (the gather's
     adds are few beside them)."""
     batch = x.shape[0]
-    moved = bags.traffic(w.bags, weight, table_offsets, indices, offsets).bytes + 4.0 * batch * (w.dim + w.out_dim)
+    moved = batched.traffic(w.bags, weight, table_offsets, indices, offsets).bytes + 4.0 * batch * (w.dim + w.out_dim)
     return Traffic(bytes=moved, ops=2.0 * batch * w.dots.pairs * w.dim, unit="GFLOPS")
 
 
 def tolerance(w: Workload) -> tuple[float, float]:
     """The interaction's (judged against float64, rtol relative to each output's sum of |terms|), its atol grown
     with the pooled rows' size: a bag of n rows rounds n times before its dot products."""
-    rtol, atol = dots.tolerance(w.dots)
+    rtol, atol = interaction.tolerance(w.dots)
     return rtol, atol * max(1, w.pooling[1])
 
 
@@ -163,7 +158,7 @@ def check_inputs(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: 
     _need(x.dim() == 2 and x.shape[1] == w.dim and x.is_contiguous(),
           f"x must be a contiguous (batch, {w.dim}) tensor, got shape {tuple(x.shape)}")
     with RENAMED:
-        bags.check_inputs(w.bags, weight, table_offsets, indices, offsets)
+        batched.check_inputs(w.bags, weight, table_offsets, indices, offsets)
     _need(x.device == weight.device, f"x is on {x.device} but the tables on {weight.device}: one device")
     _need(offsets.numel() - 1 == w.tables * x.shape[0],
           f"offsets must hold tables x batch + 1 = {w.tables} x {x.shape[0]} + 1 entries for x of batch "
@@ -208,5 +203,5 @@ def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
         weight, table_offsets, indices, offsets = args[1:5]
         if offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
             with RENAMED:
-                bags.check_data(w.bags, weight, table_offsets, indices, offsets)
+                batched.check_data(w.bags, weight, table_offsets, indices, offsets)
         raise flag_error(code, OP)
