@@ -161,7 +161,8 @@ def test_opcheck(pkg):
     (lambda a: (a[0][:, :8].contiguous(), *a[1:]), InvalidInput, r"x must be \(batch, 12\)"),
     (lambda a: (a[0].double(), *a[1:]), InvalidDtype, "x must be torch.float32 for torch.float32 tables"),
     (lambda a: (a[0], a[1], a[2], a[3], a[4][:2]), InvalidInput, "indices lists 3 tables but offsets lists 2"),
-    (lambda a: (a[0], a[1], a[2], a[3][:2] + [a[3][2] + 300], a[4]), IndexOutOfRange, "out of range for table 2, which has 300 rows"),
+    (lambda a: (a[0], a[1], a[2], a[3][:2] + [a[3][2] + 300], a[4]), IndexOutOfRange,
+     "out of range for table 2, which has 300 rows"),
     (lambda a: (a[0], a[1], a[2], a[3], [a[4][0] + 1, *a[4][1:]]), InvalidInput, r"offsets\[0\]\[0\] must be 0"),
 ])
 def test_bad_inputs_raise_errors_that_name_the_op(pkg, change, exc, match):

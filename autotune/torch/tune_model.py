@@ -15,8 +15,9 @@ Linears do on small CPUs); a rule that fuses others' sites (`GraphRule.fuses`: t
 interaction as one kernel) is kept only where the whole model runs faster with it than with those rules'
 replacements (their tasks are tuned too); the rewritten model is held to the accuracy contract (`tolerance`, on
 the example and held-out batches: `accuracy.py`), int8 layers that break it staying fp32, the most
-error-sensitive first; eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
-ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
+error-sensitive first; eager and optimized latency are measured interleaved. Every timing cycles through the
+example batch and fresh ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps
+its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
 """

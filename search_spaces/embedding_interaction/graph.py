@@ -64,8 +64,8 @@ def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interactio
 
 def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
     """One match per dot interaction whose embeddings are one group of batchable bags."""
-    by_first = {tuple(b.out for b in group): group for group in groups(gm, values, claimed)}
-    if not by_first:
+    by_outputs = {tuple(b.out for b in group): group for group in groups(gm, values, claimed)}
+    if not by_outputs:
         return
     for site in interactions(gm, values, claimed):
         if not isinstance(site, GraphMatch):
@@ -74,7 +74,7 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         feats = features_of(gm, values, bmm.args[0])
         if feats is None or any(kind != "emb" for kind, _, _ in feats.chunks):
             continue
-        group = by_first.get(tuple(n for _, n, _ in feats.chunks))
+        group = by_outputs.get(tuple(n for _, n, _ in feats.chunks))
         if group is None:
             continue  # not one group of bags (other tables among them, a weighted bag): the two rules apart
         self_interaction = bool(site.tasks[0][1]["self_interaction"])

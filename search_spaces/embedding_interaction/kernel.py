@@ -260,7 +260,8 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                                 with T.init():
                                     acc[vq * VL + vl] = T.float32(0)
                                 acc[vq * VL + vl] = acc[vq * VL + vl] + (
-                                    feat[tab[vblk * 4] + vc * VL + vl] * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
+                                    feat[tab[vblk * 4] + vc * VL + vl]
+                                    * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
                         reduce_and_store(acc, r0, r1, r2, r3, Out, vb, tab[vblk * 4 + 2], tab[vblk * 4 + 3])
 
     @T.macro

@@ -9,6 +9,7 @@ between them; everything else is the two operators' meaning, taken from their wo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -20,8 +21,8 @@ from ..interaction import workload as interaction
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload
 
-__all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args", "pack", "reference",
-           "timed_inputs", "tolerance", "traffic"]
+__all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args", "pack",
+           "reference", "timed_inputs", "tolerance", "traffic"]
 
 OP = "embedding_interaction"
 
@@ -61,18 +62,18 @@ class Workload(_Workload):
             object.__setattr__(self, name, getattr(b, name))
         _ = self.dots  # validates the interaction's fields (batch, tables, dim) as it does
 
-    @property
+    @functools.cached_property
     def bags(self) -> batched.Workload:
-        """The table-batched embedding bag (sum pooling) this call's bags are."""
+        """The table-batched embedding bag (sum pooling) this call's bags are (made once: kernel_args reads it)."""
         return batched.Workload(rows=self.rows, dim=self.dim, batch=self.batch, pooling=self.pooling,
-                             tables=self.tables, mode="sum", index_dtype=self.index_dtype,
-                             distribution=self.distribution, zipf_exponent=self.zipf_exponent, dtype=self.dtype)
+                                tables=self.tables, mode="sum", index_dtype=self.index_dtype,
+                                distribution=self.distribution, zipf_exponent=self.zipf_exponent, dtype=self.dtype)
 
-    @property
+    @functools.cached_property
     def dots(self) -> interaction.Workload:
-        """The dot interaction this call computes on the pooled rows."""
+        """The dot interaction this call computes on the pooled rows (made once)."""
         return interaction.Workload(batch=self.batch, tables=self.tables, dim=self.dim,
-                             self_interaction=bool(self.self_interaction))
+                                    self_interaction=bool(self.self_interaction))
 
     @property
     def rows_format(self) -> RowFormat:
