@@ -146,3 +146,13 @@ def test_it_runs_on_cpus_only():
     gpu = make_task("embedding_interaction", "cuda:sm_90", shape=TPL.TEST_SHAPE)
     with pytest.raises(InvalidConfig, match="no CPU schedule for target kind 'cuda'"):
         cpu.lower(gpu.workload, space.default(), gpu.device.target())
+
+
+def test_check_cases_keep_their_tables_small_and_their_batches_matched():
+    from search_spaces.embedding_interaction.torch_op import CASE_ROWS
+
+    w = Workload(rows=(3 * CASE_ROWS, 5), dim=4, batch=3, pooling=(1, 2))
+    for name, (x, weight, table_offsets, indices, offsets), kwargs in TPL.torch_binding().cases(w, 0, 1):
+        rows = table_offsets.diff().tolist()
+        assert rows[0] <= CASE_ROWS + 7 and rows[1] <= 5 + 7, name  # ("tables of 7 rows more")
+        assert x.shape == (offsets[0].numel() - int(kwargs["include_last_offset"]), w.dim), name
