@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..batched_embedding_bag import workload as batched
-from ..batched_embedding_bag.workload import parse_rows
 from ..embedding_bag.rows import RowFormat
-from ..embedding_bag.workload import error_flag, flag_error, flagged, needs, parse_pooling
+from ..embedding_bag.workload import error_flag, flag_error, flagged, needs
 from ..interaction import workload as interaction
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload
@@ -48,13 +47,8 @@ class Workload(_Workload):
 
     SHAPE_ALIASES = {"index": "index_dtype", "dist": "distribution", "self": "self_interaction"}
 
-    @classmethod
-    def parse_rows(cls, raw: str) -> tuple[int, ...]:
-        return parse_rows(raw)
-
-    @classmethod
-    def parse_pooling(cls, raw: str) -> tuple[int, int]:
-        return parse_pooling(raw)
+    parse_rows = batched.Workload.parse_rows  # the bags' shape text: `rows=...` and `pooling=MIN-MAX`
+    parse_pooling = batched.Workload.parse_pooling
 
     def __post_init__(self) -> None:
         b = self.bags  # validates and normalises the bag fields (rows, tables, pooling, distribution, dtype)
