@@ -23,6 +23,7 @@ thread_env.apply()  # TVM_THREAD_POOL_SPIN_COUNT=0 unless the user set it: TVM's
 from typing import Any
 
 from .kernel import Kernel, NoTunedKernel, load_kernel
+from .measure import Runner, make_runner
 from .runtime import Timing
 from .task import Task, make_task
 from .tuner import TuneResult
@@ -32,7 +33,7 @@ __all__ = ["Kernel", "NoTunedKernel", "Task", "Timing", "TuneResult", "kernel", 
 
 
 def tune(op: str, device: str = "cpu", *, log: str | Path, trials: int = 64, strategy: str = "xgb",
-         seed: int = 0, shape: str | None = None, progress: bool = True, runner: Any = None,
+         seed: int = 0, shape: str | None = None, progress: bool = True, runner: Runner | str | None = None,
          include_stale: bool = False, retry_errors: tuple[str, ...] = (), **workload: Any) -> TuneResult:
     """Tune one operator for one device; every measurement is appended to `log`.
 
@@ -46,14 +47,12 @@ def tune(op: str, device: str = "cpu", *, log: str | Path, trials: int = 64, str
                 include_stale=include_stale, retry_errors=retry_errors)
     if not isinstance(runner, str):
         return _tune(task, runner=runner, **opts)  # type: ignore[arg-type]
-    from .tuner import make_runner
-
     made = make_runner(runner)
     try:
         return _tune(task, runner=made, **opts)  # type: ignore[arg-type]
     finally:
         if made is not None:
-            made.close()  # type: ignore[attr-defined]
+            made.close()
 
 
 def kernel(op: str, device: str = "cpu", *, log: str | Path | list[str | Path] | None = None,

@@ -25,6 +25,7 @@ from .bench_child import cycled_paths, median_time
 from .kernel import Kernel, best_record
 from .runtime import Timing
 from .task import Task
+from .tuning_log import TuningLog
 
 BENCH_TIMING = Timing(number=1, repeat=5, min_repeat_ms=100.0)  # ~0.5 s per contender per round
 ORDER = "per round: tuned, default, torch in-process, then torch isolated (child process, this one idle)"
@@ -159,7 +160,7 @@ def measure_roof(unit: str, inputs: tuple[Any, ...]) -> tuple[roofline.Roof | No
         return None, str(err)
 
 
-def bench(task: Task, logs: Iterable[str | Path], seed: int = 0, rounds: int = 3, timing: Timing = BENCH_TIMING,
+def bench(task: Task, logs: Iterable[str | Path] | TuningLog, seed: int = 0, rounds: int = 3, timing: Timing = BENCH_TIMING,
           roof: bool = True, include_stale: bool = False) -> BenchResult:
     if task.device.is_gpu:
         raise ValueError(f"bench times CPU kernels; for {task.device.name} use benchmarks/gpu_check.py")

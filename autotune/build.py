@@ -107,8 +107,7 @@ def _build_one(task: Task, cfg: Config, out_dir: str) -> BuildResult:
     except InvalidConfig as err:
         return None, time.perf_counter() - t0, "invalid", str(err), (), features
     except Exception as err:  # TVM raises many kinds; each is this candidate's failure, not the tuner's
-        return (None, time.perf_counter() - t0, "build", f"{type(err).__name__}: {_last_lines(str(err))}", (),
-                features)
+        return None, time.perf_counter() - t0, "build", describe_error(err), (), features
     fd, lib = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     exe.export_library(lib)
@@ -124,9 +123,16 @@ def _featurize_one(task: Task, cfg: Config) -> dict[str, float]:
     return _features(task, mod)
 
 
-def _last_lines(text: str, n: int = 3, width: int = 400) -> str:
+def last_lines(text: str, n: int = 3, width: int = 400) -> str:
+    """The end of a long message (a TVM traceback ends with what went wrong): its last `n` non-blank lines on
+    one line, at most `width` characters, as records and progress messages carry it."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return " | ".join(lines[-n:])[-width:]
+
+
+def describe_error(err: BaseException) -> str:
+    """`Type: the end of its message`: how a failure that is not ours to explain goes into a record."""
+    return f"{type(err).__name__}: {last_lines(str(err))}"
 
 
 class Builder:

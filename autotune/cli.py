@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import search_spaces
@@ -15,9 +14,10 @@ from search_spaces import InvalidConfig, UnknownOperator, WorkloadError
 
 from autotune.check import DEFAULT_CASES, DEFAULT_TIMEOUT_S
 from autotune.inspect_cache import skip_moduleless_frames
+from autotune.measure.rpc import RPCUnavailable
 from autotune.records import ERROR_KINDS
-from autotune.rpc import RPCUnavailable
 from autotune.search import STRATEGIES
+from autotune.tuning_log import TuningLog, existing_paths
 
 STALE_HELP = "use records of older template code too (their kernels may differ from what the code generates now)"
 USER_ERRORS = (UnknownOperator, WorkloadError, InvalidConfig, FileNotFoundError, LookupError, ValueError,
@@ -155,9 +155,9 @@ def _dry_run(args: argparse.Namespace, task: object) -> None:
 
 
 def _tune(args: argparse.Namespace) -> None:
-    from autotune.measure import Timing
+    from autotune.measure import Timing, make_runner
     from autotune.task import make_task
-    from autotune.tuner import make_runner, tune
+    from autotune.tuner import tune
 
     task = make_task(args.op, args.device, shape=args.shape)
     if args.dry_run:
@@ -174,7 +174,7 @@ def _tune(args: argparse.Namespace) -> None:
                    retry_errors=[k.strip() for k in args.retry_errors.split(",") if k.strip()])
     finally:
         if runner is not None:
-            runner.close()  # type: ignore[attr-defined]
+            runner.close()
     print(f"measured {res.measured} new configs ({res.resumed} were already in {args.log})")
     if res.best is None:
         print("no candidate ran correctly; see the error kinds in the log")
@@ -183,38 +183,30 @@ def _tune(args: argparse.Namespace) -> None:
 
 
 def _featurize(args: argparse.Namespace) -> None:
-    from autotune import records
     from autotune.build import Builder
     from autotune.featurize import add_program_features
     from cost_model.program import PROGRAM_FEATURES_VERSION
 
-    missing = [p for p in args.logs if not Path(p).is_file()]
-    if missing:
-        raise FileNotFoundError(f"log not found: {', '.join(missing)}")
+    existing_paths(args.logs)
     if args.workers < 1:
         raise ValueError("--workers must be >= 1")
     with Builder(workers=args.workers) as builder:
         for log in args.logs:
             n = add_program_features(log, builder, include_stale=args.include_stale)
-            every = list(records.load(log))
+            every = TuningLog(log).records
             have = sum(1 for r in every if r.features and r.features_version == PROGRAM_FEATURES_VERSION)
             print(f"{log}: {n} records gained program features; {have} of {len(every)} carry them")
 
 
 def _best(args: argparse.Namespace) -> None:
-    from autotune import records
-
-    if not Path(args.log).exists():
-        raise FileNotFoundError(f"log not found: {args.log}")
-    every = list(records.load(args.log))
-    recs = records.current(every, args.include_stale)
-    tasks = sorted({r.task for r in every})
-    if not tasks:
+    log = TuningLog.existing(args.log)
+    if not log.tasks():
         print(f"{args.log}: no records")
-    for op, wkey, dev in tasks:
-        mine = records.for_task(recs, op, wkey, dev)
-        stale = len(records.for_task(every, op, wkey, dev)) - len(mine)
-        b = records.best(mine, op, wkey, dev)
+    for key in log.tasks():
+        op, wkey, dev = key
+        mine = log.current(key, args.include_stale)
+        stale = len(log.stale(key, args.include_stale))
+        b = log.best(key, args.include_stale)
         failed = sum(1 for r in mine if not r.ok)
         head = f"{op} on {dev} {wkey}: {len(mine)} records, {failed} failed"
         if stale:
@@ -235,23 +227,17 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from autotune import records
     from autotune.package import export
 
-    missing = [p for p in args.log if not Path(p).exists()]
-    if missing:
-        raise FileNotFoundError(f"log not found: {', '.join(missing)}")
-    every = list(records.load_many(args.log))
-    recs = records.current(every, args.include_stale)
-    best = [b for op, wkey, dev in sorted({r.task for r in recs})
-            if (not args.device or dev in args.device)
-            and (b := records.best(records.for_task(recs, op, wkey, dev), op, wkey, dev)) is not None]
+    log = TuningLog.existing(args.log)
+    best = [b for key in log.tasks() if (not args.device or key[2] in args.device)
+            and (b := log.best(key, args.include_stale)) is not None]
     if not best:
-        stale = len(every) - len(recs)
+        stale = sum(len(log.stale(key, args.include_stale)) for key in log.tasks())
         raise LookupError("no correct records to export in " + ", ".join(args.log)
                           + (f" ({stale} stale records of older template code ignored; --include-stale uses them)"
                              if stale else ""))
-    speedups = _speedups(best, args.log, args.include_stale) if args.bench else None
+    speedups = _speedups(best, log, args.include_stale) if args.bench else None
     manifest = export(best, args.out, speedups=speedups)
     for e in manifest["kernels"]:
         speed = f", {e['speedup_vs_torch']:.2f}x PyTorch" if e.get("speedup_vs_torch") else ""
@@ -259,7 +245,7 @@ def _export(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: {len(manifest['kernels'])} kernels; runs with PyTorch + apache-tvm-ffi")
 
 
-def _speedups(best: list, logs: list[str], include_stale: bool) -> dict[tuple[str, str, str], float]:
+def _speedups(best: list, log: TuningLog, include_stale: bool) -> dict[tuple[str, str, str], float]:
     """Speed-up over PyTorch of each record whose device is this machine's (others cannot be timed here)."""
     from autotune.bench import bench
     from autotune.targets import UnknownDevice, resolve
@@ -275,7 +261,7 @@ def _speedups(best: list, logs: list[str], include_stale: bool) -> dict[tuple[st
         if rec.device not in local.values():
             continue
         task = make_task(rec.op, rec.device, workload=search_spaces.get(rec.op).Workload.from_json(rec.workload))
-        out[rec.task] = bench(task, logs, include_stale=include_stale).speedup_vs_torch
+        out[rec.task] = bench(task, log, include_stale=include_stale).speedup_vs_torch
     return out
 
 
@@ -288,7 +274,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _rpc(args: argparse.Namespace) -> None:
-    from autotune import rpc
+    from autotune.measure import rpc
 
     if args.rpc_command == "status":
         print(rpc.status_text(*rpc.parse_tracker(args.tracker)))

@@ -6,29 +6,26 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import records
-from .records import shipped_logs
 from .build import load_compiled
 from .task import Task
+from .tuning_log import TuningLog
 
 
 class NoTunedKernel(LookupError):
     pass
 
 
-def best_record(task: Task, logs: Iterable[str | Path], include_stale: bool = False) -> records.Record:
-    """The fastest correct record of `task` in `logs`, of the current template version unless `include_stale`."""
-    logs = list(logs)
-    missing = [str(p) for p in logs if not Path(p).exists()]
-    if missing:
-        raise FileNotFoundError(f"log not found: {', '.join(missing)}")
-    mine = records.for_task(records.load_many(logs), task.op, task.workload_key, task.device.name)
-    rec = records.best(records.current(mine, include_stale), task.op, task.workload_key, task.device.name)
+def best_record(task: Task, logs: Iterable[str | Path] | TuningLog, include_stale: bool = False) -> records.Record:
+    """The fastest correct record of `task` in `logs` (files that must exist, or a log already read), of the
+    current template version unless `include_stale`."""
+    log = logs if isinstance(logs, TuningLog) else TuningLog.existing(logs)
+    rec = log.best(task, include_stale)
     if rec is None:
-        stale = sum(1 for r in mine if r.ok)
+        stale = sum(1 for r in log.stale(task, include_stale) if r.ok)
         hint = (f" ({stale} correct records of older template code were ignored: re-tune, or pass "
                 f"include_stale=True / --include-stale)" if stale else "")
         raise NoTunedKernel(f"no correct {task.op} record for this workload on {task.device.name} in "
-                            f"{', '.join(map(str, logs)) or 'the shipped logs'}{hint}; run `autotune tune` first")
+                            f"{', '.join(map(str, log.paths)) or 'the shipped logs'}{hint}; run `autotune tune` first")
     return rec
 
 
@@ -56,5 +53,5 @@ class Kernel:
 
 def load_kernel(task: Task, logs: Iterable[str | Path] | None = None, validate: bool = True,
                 include_stale: bool = False) -> Kernel:
-    rec = best_record(task, logs if logs is not None else shipped_logs(task.op, task.device.name), include_stale)
+    rec = best_record(task, logs if logs is not None else TuningLog.shipped(task.op, task.device.name), include_stale)
     return Kernel(task, task.space.from_json(rec.config), validate=validate)

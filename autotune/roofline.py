@@ -2,9 +2,11 @@
 
 Three microbenchmarks in one small C program, compiled once with the system's compiler
 (`cc -O3 -march=native -fopenmp`) and run with as many threads as TVM's pool uses (TVM_NUM_THREADS):
-- random-row gather: sum uniformly random rows of a (rows, dim) fp32 table, nothing else per row, with
-  software prefetch at several distances; the best is the roof of an embedding bag (whose GB/s counts
-  gathered rows the same way, so a Zipf stream whose hot rows stay in cache can exceed it);
+- random-row gather: sum uniformly random rows of a (rows, dim) fp32 table, nothing else per row, into
+  ROW_CHAINS independent accumulators (so no add waits on the last row's: as many misses in flight as the
+  out-of-order window and the prefetches allow), with software prefetch at several distances; the best is
+  the roof of an embedding bag (whose GB/s counts gathered rows the same way, so a Zipf stream whose hot
+  rows stay in cache can exceed it);
 - fp32 FMA peak: independent vector FMA chains per thread, enough of them to be throughput-bound;
 - int8 peak: u8 x s8 -> s32 dot products, `vpdpbusd` where the CPU has AVX512-VNNI or AVX-VNNI, else AVX2's
   `pmaddubsw` + `pmaddwd` + add (what int8 GEMMs use there); 2 ops per multiply-add, as qmatmul counts.
@@ -145,19 +147,21 @@ static double int8_peak(long iters, const char **how) {
     return best;
 }
 
-/* Bytes of gathered rows per second, best of several prefetch distances; also a sequential read. */
+/* Bytes of gathered rows per second, best of several prefetch distances; also a sequential read. Row i adds
+   into accumulator i % ROW_CHAINS: the adds of consecutive rows are independent, as an unrolled kernel's. */
+#define ROW_CHAINS 4
 static void gather(long rows, long dim, long n) {
     float *w = aligned_alloc(64, ((rows * dim * sizeof(float)) + 63) / 64 * 64);
     int64_t *idx = malloc(n * sizeof(int64_t));
-    float *out = calloc((size_t)omp_get_max_threads() * dim, sizeof(float));
+    float *out = calloc((size_t)omp_get_max_threads() * ROW_CHAINS * dim, sizeof(float));
     #pragma omp parallel for
     for (long i = 0; i < rows * dim; i++) w[i] = (float)(i & 1023);
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (long i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; idx[i] = (int64_t)(s % (uint64_t)rows); }
-    long lines = (dim * (long)sizeof(float) + 63) / 64;
+    long row_bytes = dim * (long)sizeof(float);
     double bytes = (double)n * dim * sizeof(float);
-    const int dists[] = {0, 4, 8, 16, 32, 64};
-    for (int d = 0; d < 6; d++) {
+    const int dists[] = {0, 4, 8, 16, 32, 64, 128};
+    for (int d = 0; d < 7; d++) {
         int p = dists[d];
         double best = 1e30, spent = 0;
         for (int rep = 0; rep < 20 && (rep < 3 || spent < 0.2); rep++) {
@@ -166,13 +170,16 @@ static void gather(long rows, long dim, long n) {
             {
                 int t = omp_get_thread_num(), nt = omp_get_num_threads();
                 long lo = n * t / nt, hi = n * (t + 1) / nt;
-                float *acc = out + (long)t * dim;
+                float *acc = out + (long)t * ROW_CHAINS * dim;
                 for (long i = lo; i < hi; i++) {
-                    if (p && i + p < hi)
-                        for (long l = 0; l < lines; l++)
-                            __builtin_prefetch((char *)(w + idx[i + p] * dim) + 64 * l, 0, 3);
+                    if (p && i + p < hi) {  /* every line the row touches (rows of 72 bytes straddle 2) */
+                        const char *r = (const char *)(w + idx[i + p] * dim);
+                        for (const char *q = (const char *)((uintptr_t)r & ~(uintptr_t)63); q < r + row_bytes; q += 64)
+                            __builtin_prefetch(q, 0, 3);
+                    }
                     const float *row = w + idx[i] * dim;
-                    for (long k = 0; k < dim; k++) acc[k] += row[k];
+                    float *a = acc + (i % ROW_CHAINS) * dim;
+                    for (long k = 0; k < dim; k++) a[k] += row[k];
                 }
             }
             double dt = now() - t0; spent += dt;

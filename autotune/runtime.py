@@ -84,7 +84,7 @@ def load_function(path: str, name: str = "main") -> Any:
 # A CPU kernel's parallel loop calls `TVMBackendParallelLaunch` through a pointer the library exports
 # (`__TVMBackendParallelLaunch`, set by the loader). TVM's own pool is a second set of worker threads beside
 # PyTorch's OpenMP pool: after each PyTorch op libgomp's workers spin for a while, and a TVM kernel started
-# then shares the cores with them (3x slower in a model than alone, measured on a 2-core znver3). Pointing
+# then shares the cores with them, several times slower than alone (benchmarks/MEASUREMENT.md). Pointing
 # the library at this launcher runs the loop on libgomp's (already awake) workers instead: one pool, as IPEX's
 # kernels run on PyTorch's. Its thread count is PyTorch's (`torch.set_num_threads`); TVM_NUM_THREADS no longer
 # applies. AUTOTUNE_PARALLEL=tvm keeps TVM's pool.
@@ -352,7 +352,8 @@ def time_cpu(run: Callable[[], None], timing: Timing) -> list[float]:
 
     A warm-up as long as one repeat comes first: a kernel's first calls pay for page faults of fresh output
     buffers, the allocator's thresholds settling and clocks ramping up, which a caller's steady state does not
-    (with a one-call warm-up the first repeats of a 0.09 ms kernel read 0.18 ms). It also sizes the repeats."""
+    (a one-call warm-up left a small kernel's first repeats reading twice its latency). It also sizes the
+    repeats."""
     number = _warm_up(run, timing)
     costs = []
     for _ in range(timing.repeat):
@@ -385,12 +386,10 @@ def _one_repeat(run: Callable[[], None], number: int, timing: Timing) -> tuple[f
 def time_anchored(run: Callable[[], None], anchor: "Anchor", timing: Timing) -> list[float]:
     """`time_cpu`'s repeats of `run`, each scaled by the anchor's nominal latency over the mean of the anchor
     repeats right before and after it: a shared machine's slow phases (another tenant's memory traffic, a
-    descheduled vCPU) slow both kernels alike, so their ratio holds where either latency alone does not.
-
-    Measured on a 2-vCPU cloud VM (`cpu:znver4`), 12 interleaved measurements of one config by the local runner:
-    an embedding bag's spread (IQR/median) 34% plain and 9% anchored, an interaction's 9% and 5%. It costs twice
-    the time: every candidate repeat has an anchor repeat beside it. It cannot correct what slows the two unlike
-    (memory-bandwidth contention slows a prefetching, bandwidth-bound candidate more than a latency-bound one)."""
+    descheduled vCPU) slow both kernels alike, so their ratio holds where either latency alone does not
+    (benchmarks/MEASUREMENT.md has the spreads, plain and anchored). It costs twice the time: every candidate
+    repeat has an anchor repeat beside it. It cannot correct what slows the two unlike (memory-bandwidth
+    contention slows a prefetching, bandwidth-bound candidate more than a latency-bound one)."""
     number = _warm_up(run, timing)
     before = anchor.once(timing)
     costs = []

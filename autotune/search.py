@@ -4,7 +4,7 @@
 - with no trained model (a new task with nothing to transfer from) it proposes a spread-out design (the
   default config, then configs that try each knob's values about equally often, every code path covered)
   instead of plain random: what a model needs first is every value's effect, and maximin distance (the
-  `distance` design) picks the space's corners, which are mostly slow (benchmarks/search_sim.py, README);
+  `distance` design) picks the space's corners, which are mostly slow (benchmarks/SEARCH_QUALITY.md);
 - otherwise it scores every unmeasured config when the space is small enough to enumerate (all our spaces
   are: thousands to tens of thousands of configs, scored in tens of milliseconds), or runs simulated
   annealing on the scores (AutoTVM's SA optimiser) when it is not;
@@ -13,7 +13,7 @@
 - with `diversity` r > 1 (as AutoTVM's `diversity_filter_ratio`; 3 by default, 1 turns it off) the model's
   batch is taken from its r * n best in the model's order, skipping near-copies of configs already taken, not
   n variants of one guess. That matters most when the model was trained on other shapes: their optimum is
-  near, not at, this one's (benchmarks/search_quality.py, README);
+  near, not at, this one's (benchmarks/SEARCH_QUALITY.md);
 - an `epsilon` share of every batch is random, so a wrong model cannot trap the search.
 """
 
@@ -252,7 +252,7 @@ _SEARCH_OPTIONS = {
 }
 
 # xgb refits its model every 4 trials: early on each measurement moves it most, and a refit plus scoring the
-# whole space takes a fraction of a second against a second or more per measured trial (benchmarks/search_sim.py)
+# whole space takes a fraction of a second against a second or more per measured trial (benchmarks/SEARCH_QUALITY.md)
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("xgb", model_search, "the cost model scores the whole space", default_batch=4, needs_model=True,
              options={"epsilon": _SEARCH_OPTIONS["epsilon"],

@@ -19,9 +19,10 @@ from search_spaces import Config, InvalidConfig
 
 from . import records
 from .build import Builder, Built
-from .measure import LocalRunner, Measured, Timing, require_local_device
+from .measure import LocalRunner, Measured, Runner, Timing, require_local_device
 from .search import STRATEGIES, Strategy
 from .task import Task
+from .tuning_log import TuningLog
 
 
 @dataclass
@@ -33,16 +34,18 @@ class TuneResult:
     trials: list[records.Record] = field(default_factory=list)  # this run's records, in measured order
 
 
-def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: int = 0,
+def tune(task: Task, trials: int, log: str | Path | TuningLog, strategy: str = "xgb", seed: int = 0,
          batch_size: int | None = None, early_stopping: int | None = None, timing: Timing = Timing(),
-         builder: Builder | None = None, runner: Any = None, progress: bool = True,
+         builder: Builder | None = None, runner: Runner | None = None, progress: bool = True,
          include_stale: bool = False, retry_errors: Iterable[str] = (), confirm: int = 3,
          transfer: Iterable[str | Path] | None = None, features: str = "auto", transfer_as: str = "pooled",
          options: dict[str, Any] | None = None) -> TuneResult:
-    """Measure up to `trials` new configs of `task`, appending every outcome to `log`.
+    """Measure up to `trials` new configs of `task`, appending every outcome to `log` (a path, or a `TuningLog`
+    already read, which the run keeps up to date).
 
-    Configs already in the log for this task are never measured again (resume), except those whose records
-    failed with a kind in `retry_errors` and those only the harness failed on. Every other record of `log` and
+    Configs already in the log for this task are never measured again (resume: `TuningLog.resume_set`), except
+    those whose records failed with a kind in `retry_errors` and those only the harness failed on. `runner`
+    measures (None: a `LocalRunner` with `timing`, closed at the end). Every other record of `log` and
     of the `transfer` logs (None: the shipped logs of this device kind, as TopHub; (): none) trains the cost
     model from the start, as `cost_model.training` decides: other shapes, other CPU models, other operators
     through program features. Records of another template version count for nothing unless `include_stale`.
@@ -67,24 +70,19 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     space = task.space
     rng = random.Random(seed)
 
-    history = list(records.load(log))
-    # What resume counts as measured: this template version's records (unless include_stale), except failures
-    # to retry and the harness's own failures, which say nothing about the candidate.
-    mine = [r for r in records.current(records.for_task(history, task.op, task.workload_key, task.device.name),
-                                       include_stale)
-            if r.error_kind not in retry | {"harness"}]
+    log = log if isinstance(log, TuningLog) else TuningLog(log)
+    mine = log.resume_set(task, retry, include_stale)
     seen: set[Config] = set()
     for r in mine:
         try:
             seen.add(space.from_json(r.config))
         except InvalidConfig:
             pass
-    best = records.best(mine, task.op, task.workload_key, task.device.name)
 
     model = _Model(task, space, feature_set, include_stale, seed, transfer_as) \
         if declared.needs_model else None
     if model is not None:
-        model.learn(history + records.load_many(_transfer_logs(task, transfer, log)))
+        model.learn(log.records + records.load_many(_transfer_logs(task, transfer, log.paths)))
 
     if runner is None:
         require_local_device(task)  # before anything is built
@@ -93,7 +91,8 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
     runner = runner or LocalRunner(timing)
     extra = model.search_arguments(builder, propose) if model is not None else {}
     bar = _progress(trials, task, progress)
-    result = TuneResult(best=best, measured=0, resumed=len({r.config_key for r in mine}))
+    result = TuneResult(best=log.best(task, include_stale), measured=0,
+                        resumed=log.resumed(task, retry, include_stale))
     since_improvement = 0
     try:
         while result.measured < trials:
@@ -107,7 +106,7 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
             seen.update(batch)
             measured = runner.measure(task, builder.build(task, batch))
             new = [_to_record(task, m) for m in measured]
-            records.append(log, new)
+            log.append(new)
             mine += new
             result.trials += new
             for r in new:
@@ -128,9 +127,9 @@ def tune(task: Task, trials: int, log: str | Path, strategy: str = "xgb", seed: 
         if confirm and result.measured:
             again = _leaders(mine, task, confirm)
             confirmed = [_to_record(task, m) for m in runner.measure(task, builder.build(task, again))]
-            records.append(log, confirmed)
+            log.append(confirmed)
             mine += confirmed
-            result.best = records.best(mine, task.op, task.workload_key, task.device.name)
+            result.best = log.best(task, include_stale)
             if result.best is not None:
                 bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms (confirmed)")
     finally:
@@ -228,7 +227,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, log: str | Path) -> list[Path]:
+def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, own: Sequence[Path]) -> list[Path]:
     if transfer is None:  # shipped records of this device kind, every operator (program features are shared)
         paths = [p for op in search_spaces.names() for p in records.shipped_logs(op, task.device.name)]
     else:
@@ -236,7 +235,8 @@ def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, log: str |
         missing = [str(p) for p in paths if not p.exists()]
         if missing:
             raise FileNotFoundError(f"transfer logs not found: {', '.join(missing)}")
-    return [p for p in paths if p.resolve() != Path(log).resolve()]
+    mine = {p.resolve() for p in own}
+    return [p for p in paths if p.resolve() not in mine]
 
 
 def _leaders(recs: list[records.Record], task: Task, n: int) -> list[Config]:
@@ -258,22 +258,6 @@ def check_error_kinds(kinds: Iterable[str]) -> set[str]:
     if unknown:
         raise ValueError(f"unknown error kind {', '.join(map(repr, unknown))}; known: {', '.join(records.ERROR_KINDS)}")
     return kinds
-
-
-def make_runner(spec: str, timing: Timing = Timing()) -> Any:
-    """A runner from its text: `local` (None: the tuner's own), `offline:DIR` or `rpc://HOST:PORT/KEY`."""
-    if spec == "local":
-        return None
-    kind, _, where = spec.partition(":")
-    if kind == "offline" and where:
-        from .offline import OfflineRunner
-
-        return OfflineRunner(where, timing)
-    if kind == "rpc":
-        from .rpc import RPCRunner
-
-        return RPCRunner(spec, timing)
-    raise ValueError(f"unknown runner {spec!r}; expected local, offline:DIR or rpc://HOST:PORT/KEY")
 
 
 def dry_run(task: Task, trials: int, seed: int = 0, builder: Builder | None = None) -> list[Built]:

@@ -1,5 +1,6 @@
 """The embedding bags fused into the dot interaction (`embedding_interaction`) against the two kernels apart, in
-examples/dlrm.py's Criteo-shaped DLRM (26 tables capped at --max-rows, dim 64), fp32-exact.
+examples/dlrm.py's Criteo-shaped DLRM (26 tables capped at --max-rows, dim 64), fp32-exact (--quantize: with
+tune_model's int8 rules too, the int8 tables among them, under its default int8 accuracy contract).
 
 For each --pooling, `tune_model` rewrites the model three ways (one log dir: each task is tuned once, then
 resumed):
@@ -9,12 +10,12 @@ resumed):
   chosen  every rule: tune_model times the whole model fused against apart and keeps the faster by its margin
           (its report's "whole-model check" line says what each took);
 then eager and the three are timed interleaved, medians of --rounds, over a cycle of --fresh batches and over
-the example batch repeated; and the embedding + interaction section alone, on the same tables, dense vectors
-and bags: the fused op against the batched op then the interaction op (both regimes). A missing kernel fails
-the run (no silent PyTorch fallback is timed).
+the example batch repeated; and (fp32-exact) the embedding + interaction section alone, on the same tables,
+dense vectors and bags: the fused op against the batched op then the interaction op (both regimes). A missing
+kernel fails the run (no silent PyTorch fallback is timed).
 
-    python benchmarks/fused_interaction.py [--pooling 1 8] [--batch 2048] [--trials 16] [--fresh 8]
-                                           [--rounds 5] [--seconds 0.5] [--log-dir logs/local/fused]
+    python -m benchmarks.fused_interaction [--pooling 1 8] [--batch 2048] [--trials 16] [--fresh 8]
+                                           [--rounds 5] [--seconds 0.5] [--quantize] [--log-dir logs/local/fused]
 """
 
 from __future__ import annotations
@@ -43,23 +44,26 @@ def _example() -> Any:
 
 def tuned(name: str, model: Any, example: Any, held_out: Sequence[Any], rules: list[Any] | None,
           args: argparse.Namespace, dlrm: Any) -> Any:
-    """One tune_model call (fp32-exact), its report printed; a Contender of examples/dlrm.py."""
+    """One tune_model call, its report printed; a Contender of examples/dlrm.py."""
     import time
 
     import autotune.torch as at
 
     t0 = time.perf_counter()
-    optimized, report = at.tune_model(model, example, log_dir=args.log_dir, trials=args.trials, quantize=False,
+    optimized, report = at.tune_model(model, example, log_dir=args.log_dir, trials=args.trials,
+                                      quantize=args.quantize,
                                       check_inputs=list(held_out), timing_batches=args.fresh, rules=rules,
                                       bench_rounds=0)
     print(f"\n== {name}: tune_model in {time.perf_counter() - t0:.0f} s\n{report}")
     return dlrm.Contender(name, optimized, time.perf_counter() - t0)
 
 
-def rules_without(*names: str) -> list[Any]:
+def rules_without(quantize: bool, *names: str) -> list[Any]:
+    """tune_model's rules less those named (a table rule's int8 variant goes with it)."""
     from autotune.torch.graph import collect_rules
 
-    return [r for r in collect_rules(quantize=False) if r.name not in names]
+    return [r for r in collect_rules(quantize=quantize) if r.name not in names and r.name.removesuffix("_int8")
+            not in names]
 
 
 def section(fused_model: Any, model: Any, batches: Sequence[Any], rounds: int, seconds: float, dlrm: Any) -> str:
@@ -107,13 +111,17 @@ def run_pooling(model: Any, pooling: int, args: argparse.Namespace, dlrm: Any) -
     fresh = [example] + [draw(1000 + i) for i in range(args.fresh - 1)]
     print(f"\n==== {pooling} {'index' if pooling == 1 else 'indices'} per bag")
     built = [dlrm.Contender("eager", model),
-             tuned("apart (batched bags + interaction)", model, example, held_out, rules_without(FUSED), args, dlrm),
-             tuned("fused (embedding_interaction)", model, example, held_out, rules_without(BAGS, INTERACTION),
+             tuned("apart (batched bags + interaction)", model, example, held_out, rules_without(args.quantize, FUSED),
                    args, dlrm),
+             tuned("fused (embedding_interaction)", model, example, held_out,
+                   rules_without(args.quantize, BAGS, INTERACTION), args, dlrm),
              tuned("chosen by tune_model", model, example, held_out, None, args, dlrm)]
     rows = dlrm.measure(built, fresh, held_out, args.rounds, args.seconds)
-    title = (f"{pooling} {'index' if pooling == 1 else 'indices'} per bag, batch {args.batch}, fp32-exact: fresh = "
+    title = (f"{pooling} {'index' if pooling == 1 else 'indices'} per bag, batch {args.batch}, "
+             f"{'int8 rules on' if args.quantize else 'fp32-exact'}: fresh = "
              f"a cycle of {len(fresh)} batches, repeated = the example batch; median of {args.rounds} rounds")
+    if args.quantize:  # the apart model's tables are int8 there: no fp32 batched kernel to set beside the fused op
+        return dlrm.table(title, rows, [])
     return dlrm.table(title, rows, []) + "\n\n" + section(built[2].model, model, fresh, args.rounds, args.seconds,
                                                           dlrm)
 
@@ -127,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, regime and round")
+    p.add_argument("--quantize", action="store_true", help="tune_model's int8 rules too (default: fp32-exact)")
     p.add_argument("--log-dir", default="logs/local/fused")
     args = p.parse_args(argv)
     dlrm = _example()

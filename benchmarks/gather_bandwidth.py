@@ -3,7 +3,7 @@
 The random-row gather over a (rows, dim) fp32 table at each software-prefetch distance (the best is the roof of
 an embedding bag), a sequential read of up to as many rows for scale, and the fp32 FMA and int8 peaks. Runs on
 TVM_NUM_THREADS threads (default: all cores), as the kernels do. Usage:
-    python benchmarks/gather_bandwidth.py --rows 1000000 --dim 64
+    python -m benchmarks.gather_bandwidth --rows 1000000 --dim 64
 """
 
 from __future__ import annotations

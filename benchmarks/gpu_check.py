@@ -38,7 +38,7 @@ def prepare(out: Path, candidates: int, arch: str, seed: int) -> None:
 
     from autotune.build import Builder
     from autotune.measure import Timing
-    from autotune.offline import OfflineRunner
+    from autotune.measure.offline import OfflineRunner
     from autotune.task import make_task
     from autotune.tuner import dry_run
 

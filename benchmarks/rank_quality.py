@@ -1,4 +1,4 @@
-"""Which feature set ranks held-out configs best: `python benchmarks/rank_quality.py LOG [LOG...]`.
+"""Which feature set ranks held-out configs best: `python -m benchmarks.rank_quality LOG [LOG...]`.
 
 For each operator and device in the logs, and each feature set (`cost_model.FEATURE_SETS`), an XGBoost ranker
 is trained on part of the records and asked to rank the rest, two ways:
@@ -17,17 +17,14 @@ import collections
 import json
 import math
 import random
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from autotune import records  # noqa: E402
-from cost_model import FEATURE_SETS, TrainingSet, XGBCostModel  # noqa: E402
-from cost_model.program import PROGRAM_FEATURES_VERSION  # noqa: E402
+from autotune import records
+from cost_model import FEATURE_SETS, TrainingSet, XGBCostModel
+from cost_model.program import PROGRAM_FEATURES_VERSION
 
 
 def pairwise_accuracy(pred: np.ndarray, lat: np.ndarray) -> float:

@@ -1,6 +1,6 @@
 """Search strategies compared offline, over many seeds, on a surrogate of one task's measured latencies.
 
-    python benchmarks/search_sim.py --op embedding_bag --shape rows=1000000,dim=64,batch=2048,pooling=32 \
+    python -m benchmarks.search_sim --op embedding_bag --shape rows=1000000,dim=64,batch=2048,pooling=32 \
         --cache CACHE.jsonl --seeds 40 --trials 64 [--contenders xgb=xgb random=random b8=xgb:batch=8] \
         [--margins 0.05 0.1] [--noise 0.03] [--ridge 30] [--transfer LOG] [--json out.json]
 
@@ -27,7 +27,6 @@ import json
 import math
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,14 +39,11 @@ from autotune.build import Built
 from autotune.measure import Measured
 from autotune.task import Task, make_task
 from autotune.tuner import tune
+from benchmarks.lib.contenders import (DEFAULT_CONTENDERS, Contender, check_contenders, contender_help,
+                                       parse_contenders, tune_kwargs, warm_contenders)
+from benchmarks.lib.curves import best_so_far, median_trials, trials_to_within
 from cost_model.features import AUTO, uses_program
 from search_spaces import Config, InvalidConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search_quality import (Contender, best_so_far, check_contenders, contender_help,  # noqa: E402
-                            median_trials, parse_contenders, trials_to_within, tune_kwargs, warm_contenders)
-
-DEFAULT_CONTENDERS = ("xgb=xgb", "random=random")
 
 
 def _design(space: Any, cfgs: Sequence[Config]) -> np.ndarray:
@@ -135,7 +131,7 @@ class SurrogateRunner:
 def simulate(task: Task, truth: dict[Config, float], c: Contender, seed: int, trials: int,
              noise: float) -> list[float]:
     """One run of contender `c` on the surrogate: the true latency of each config it measured, in order.
-    `c.transfer`: the logs warming its model (real records; search_quality.WARM until main names them)."""
+    `c.transfer`: the logs warming its model (real records; contenders.WARM until main names them)."""
     if any(not Path(log).exists() for log in c.transfer):
         raise ValueError(f"contender {c.label}: transfer=true needs --transfer LOG")
     features = c.features if c.features not in (None, AUTO) else "knobs"

@@ -8,7 +8,7 @@ F.embedding_bag and a Linear alone, and the pairs (tuned op, then the PyTorch op
 and pair / (sum of the two alone): 1.00 means the pools do not get in each other's way. `others` is the share
 of the CPUs other processes used while a child ran; a child is run again while it exceeds --max-others (one
 busy neighbour slows PyTorch's spinning OpenMP threads 100x, and every row then reads alike). Usage:
-    python benchmarks/thread_pools.py [--package DIR] [--repeats 3] [--only NAME,NAME]
+    python -m benchmarks.thread_pools [--package DIR] [--repeats 3] [--only NAME,NAME]
 The default package is an untuned (default-config) kernel for the one-hot shape, built here (about 15 s).
 """
 
@@ -21,16 +21,18 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
+from pathlib import Path
 from typing import Callable
 
-WORKLOAD = dict(rows=200000, dim=64, batch=2048, pooling=1)
-LINEAR = (2048, 512, 256)  # batch, in, out: a layer of DLRM's bottom MLP (MKL/oneDNN on the OpenMP pool)
+from benchmarks.lib.timing import interleaved
+from benchmarks.lib.workloads import MLP_LINEAR, ONE_HOT_BAG, kernel_package
+
 PARALLEL = "AUTOTUNE_PARALLEL"  # "tvm": kernels keep TVM's pool; default: their loops run on PyTorch's OpenMP pool
 VARIABLES = ("TVM_NUM_THREADS", "TVM_BIND_THREADS", "TVM_EXCLUDE_WORKER0", "TVM_THREAD_POOL_SPIN_COUNT",
              "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "AUTOTUNE_THREAD_DEFAULTS", PARALLEL)
+ROOT = Path(__file__).resolve().parents[1]  # the child runs as `python -m benchmarks.thread_pools` from here
 CONTENDERS = ("tuned", "F.embedding_bag", "tuned + F.embedding_bag", "Linear", "tuned + Linear")
 
 
@@ -61,13 +63,13 @@ def contenders(pkg_dir: str, validate: bool) -> dict[str, Callable[[], object]]:
     import search_spaces
 
     pkg = at.load(pkg_dir)
-    w = search_spaces.get("embedding_bag").Workload(**WORKLOAD)
+    w = search_spaces.get("embedding_bag").Workload(**ONE_HOT_BAG)
     kernel = next((k for k in pkg.kernels if k.op == "embedding_bag" and k.workload == w), None)
     if kernel is None:
-        raise SystemExit(f"{pkg_dir} has no embedding_bag kernel for {WORKLOAD} on this CPU")
+        raise SystemExit(f"{pkg_dir} has no embedding_bag kernel for {ONE_HOT_BAG} on this CPU")
     weight, idx, off = kernel.template.inputs(w, 0)
     op = torch.ops.autotune.embedding_bag.default
-    batch, n_in, n_out = LINEAR
+    batch, n_in, n_out = MLP_LINEAR
     linear, x = torch.nn.Linear(n_in, n_out), torch.randn(batch, n_in)
     torch.set_grad_enabled(False)
 
@@ -95,11 +97,7 @@ def child(pkg_dir: str, rounds: int, seconds: float, validate: bool) -> None:
 
     from autotune.bench import median_seconds
 
-    fns = contenders(pkg_dir, validate)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(median_seconds(fn, seconds))
+    times = interleaved(contenders(pkg_dir, validate), rounds, lambda fn: median_seconds(fn, seconds))
     import autotune.torch.threads as threads
 
     print(json.dumps({"ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
@@ -110,12 +108,9 @@ def child(pkg_dir: str, rounds: int, seconds: float, validate: bool) -> None:
 
 # ---- the parent: settings interleaved over repeats ---------------------------------------------------------
 def build_package() -> str:
-    from autotune.package import export
     from autotune.task import make_task
 
-    out = tempfile.mkdtemp(prefix="autotune-thread-pools-")
-    task = make_task("embedding_bag", "cpu", **WORKLOAD)
-    export([task.record(task.space.default(), costs=(0.0,))], out)
+    out = kernel_package([make_task("embedding_bag", "cpu", **ONE_HOT_BAG)], prefix="autotune-thread-pools-")
     print(f"built {out} (reuse it with --package)", file=sys.stderr)
     return out
 
@@ -132,10 +127,10 @@ def run_child(env_extra: dict[str, str], args: argparse.Namespace, pkg_dir: str)
     """One child's figures, and `others`: the share of the CPUs other processes used meanwhile."""
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
     env.update(env_extra)
-    cmd = [sys.executable, __file__, "--child", "--package", pkg_dir, "--rounds", str(args.rounds),
-           "--seconds", str(args.seconds)] + (["--validate"] if args.validate else [])
+    cmd = [sys.executable, "-m", "benchmarks.thread_pools", "--child", "--package", pkg_dir,
+           "--rounds", str(args.rounds), "--seconds", str(args.seconds)] + (["--validate"] if args.validate else [])
     (busy0, ours0), t0 = cpu_sample(), time.monotonic()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     (busy1, ours1), wall = cpu_sample(), time.monotonic() - t0
     if done.returncode != 0:
         raise SystemExit(f"child failed ({env_extra}):\n{done.stderr[-3000:]}")
@@ -207,7 +202,7 @@ def main() -> None:
                   flush=True)
     for stat in ("ms", "ms_min"):
         report(results, stat)
-    applied = next((r["applied"] for r in results.get("autotune default", [])), None)
+    applied = next((r["applied"] for r in results.get("OpenMP pool (default)", [])), None)
     if applied is not None:
         print(f"autotune default applies: {applied}")
     busy = [r["others"] for runs in results.values() for r in runs if r["others"] > args.max_others]

@@ -14,9 +14,9 @@ the floor; AUTOTUNE_CALLPATH=python times them through the dispatcher). Two figu
 time (the measurement core's timer) and the least CPU time of this thread over the rounds, which a shared
 machine disturbs least (torch and TVM run one thread each here: set TVM_NUM_THREADS=1).
 
-Then the one-hot embedding bag of issue 11 (rows=200000, dim=64, batch=2048, pooling=1): the custom op against
+Then the one-hot embedding bag (rows=200000, dim=64, batch=2048, pooling=1): the custom op against
 `F.embedding_bag` on the same tensors in this process, as a ratio (> 1: the op is faster). Usage:
-    python benchmarks/torch_op_overhead.py [--package DIR | --log LOG ...] [--rounds N]
+    python -m benchmarks.torch_op_overhead [--package DIR | --log LOG ...] [--rounds N]
     # default: a package of untuned (default-config) kernels, built here; --log puts the best logged config
     # of each of these workloads in it instead (e.g. a tuned one-hot log); --package takes a ready one
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -34,17 +33,16 @@ import torch.nn.functional as F
 
 import autotune.torch as at
 import search_spaces
-from autotune import records
 from autotune.bench import median_seconds
-from autotune.package import export
 from autotune.task import make_task
+from benchmarks.lib.timing import interleaved
+from benchmarks.lib.workloads import ONE_HOT_BAG, kernel_package
 
 WORKLOADS = {
     "embedding_bag": dict(rows=1000, dim=64, batch=64, pooling=(1, 4)),
     "interaction": dict(batch=16, tables=8, dim=16),
     "qmatmul": dict(m=16, k=64, n=32),
 }
-ONE_HOT = dict(rows=200000, dim=64, batch=2048, pooling=(1, 1))
 RAW = "TVM function, ready arguments"
 PYTHON = "Python dispatch, called directly"
 FLOOR = "dispatcher floor (no-op kernel)"
@@ -76,7 +74,7 @@ def op_tensors(op: str, kernel: at.LoadedKernel) -> tuple[tuple[Any, ...], dict[
     """The custom op's arguments for the kernel's workload (qmatmul's differ from the reference order)."""
     tensors = kernel.template.inputs(kernel.workload, 0)
     if op == "qmatmul":
-        from search_spaces.qmatmul.torch_op import op_arguments
+        from search_spaces.qmatmul.checks import op_arguments
 
         return op_arguments(kernel.workload, tensors)
     return tuple(tensors), {}
@@ -123,28 +121,28 @@ def python_dispatch(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> C
 
 def timed(fns: dict[str, Callable[[], Any]], rounds: int, seconds: float) -> dict[str, float]:
     """Median over `rounds` of each contender's median call time, in us; contenders interleaved per round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            with torch.inference_mode(isinstance(fn, Inference)):
-                times[name].append(median_seconds(getattr(fn, "fn", fn), seconds))
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+
+    def time_one(fn: Callable[[], Any]) -> float:
+        with torch.inference_mode(isinstance(fn, Inference)):
+            return median_seconds(getattr(fn, "fn", fn), seconds)
+
+    return {name: statistics.median(t) * 1e6 for name, t in interleaved(fns, rounds, time_one).items()}
 
 
 def cpu_best(fns: dict[str, Callable[[], Any]], rounds: int, calls: int = 2000) -> dict[str, float]:
     """Each contender's least CPU time (this thread's) per call over `rounds` batches of `calls`, in us: on a
     shared machine, the figure least disturbed by other processes (the whole call runs on this thread when
     torch and TVM run one thread each, as here)."""
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            run = getattr(fn, "fn", fn)
-            with torch.inference_mode(isinstance(fn, Inference)):
-                t0 = time.thread_time()
-                for _ in range(calls):
-                    run()
-                best[name] = min(best[name], (time.thread_time() - t0) / calls * 1e6)
-    return best
+
+    def time_one(fn: Callable[[], Any]) -> float:
+        run = getattr(fn, "fn", fn)
+        with torch.inference_mode(isinstance(fn, Inference)):
+            t0 = time.thread_time()
+            for _ in range(calls):
+                run()
+            return (time.thread_time() - t0) / calls * 1e6
+
+    return {name: min(t) for name, t in interleaved(fns, rounds, time_one).items()}
 
 
 def overhead(pkg: at.Package, rounds: int) -> None:
@@ -160,12 +158,12 @@ def overhead(pkg: at.Package, rounds: int) -> None:
 
 
 def one_hot(pkg: at.Package, rounds: int) -> None:
-    """The issue's one-hot shape: the op (validation on) must be at least as fast as F.embedding_bag."""
-    w = search_spaces.get("embedding_bag").Workload(**ONE_HOT)
+    """DLRM's one-hot shape: the op (validation on) must be at least as fast as F.embedding_bag."""
+    w = search_spaces.get("embedding_bag").Workload(**ONE_HOT_BAG)
     kernel = next((k for k in pkg.kernels if k.op == "embedding_bag" and k.workload.rows == w.rows
                    and k.workload.dim == w.dim and k.workload.pooling == w.pooling), None)
     if kernel is None:
-        print(f"one-hot: no embedding_bag kernel for {ONE_HOT} in the package")
+        print(f"one-hot: no embedding_bag kernel for {ONE_HOT_BAG} in the package")
         return
     weight, idx, off = kernel.template.inputs(w, 0)
     custom = torch.ops.autotune.embedding_bag.default
@@ -179,7 +177,7 @@ def one_hot(pkg: at.Package, rounds: int) -> None:
     }
     med = timed(fns, rounds, 0.3)
     base = med["F.embedding_bag"]
-    print(f"one-hot embedding_bag {ONE_HOT} (torch threads {torch.get_num_threads()}, config "
+    print(f"one-hot embedding_bag {ONE_HOT_BAG} (torch threads {torch.get_num_threads()}, config "
           f"{kernel.config.key()})")
     for name, us in med.items():
         print(f"  {name:<38s} {us:8.1f} us   {base / us:5.2f}x F.embedding_bag")
@@ -193,12 +191,9 @@ def main() -> None:
     args = p.parse_args()
     pkg_dir = args.package
     if pkg_dir is None:
-        pkg_dir = tempfile.mkdtemp(prefix="autotune-overhead-")
         tasks = [make_task(op, "cpu", **fields) for op, fields in WORKLOADS.items()]
-        tasks.append(make_task("embedding_bag", "cpu", **ONE_HOT))
-        logged = records.load_many(args.log)
-        export([records.best(logged, t.op, t.workload_key, t.device.name) or t.record(t.space.default(), costs=(0.0,))
-                for t in tasks], pkg_dir)
+        tasks.append(make_task("embedding_bag", "cpu", **ONE_HOT_BAG))
+        pkg_dir = kernel_package(tasks, args.log, prefix="autotune-overhead-")
     pkg = at.load(pkg_dir)
     one_hot(pkg, args.rounds)  # at the process's thread settings, as a model would run it
     torch.set_num_threads(1)  # small inputs: the figure is the fixed cost, not parallel speed

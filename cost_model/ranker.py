@@ -7,8 +7,8 @@ two ways (`TRANSFER_AS`):
 - `prior` (AutoTVM's base model): a prior model is fitted once on the transferred rows; its score, halved for
   every `PRIOR_HALF_LIFE` rows of the task's own, is the base margin from which a second model, fitted on the
   task's own rows alone, learns the corrections. Only that small model is refitted after a batch.
-On the simulator (benchmarks/search_sim.py, embedding bag, 40 seeds) the two reach 5% of the best alike (17 and
-17 trials, median; half-lives of 8, 24 and 64 rows: 19, 18.5, 17), so the default stayed.
+On the simulator (benchmarks.search_sim) the two reach 5% of the best alike, whatever the half-life, so pooled
+stayed the default (benchmarks/SEARCH_QUALITY.md).
 It keeps the training matrix between updates (rows are only appended during a run, so after each batch only
 the new rows are converted).
 """

@@ -121,7 +121,7 @@ class Contender:
     model: Callable[..., Any] | None = None
     build_s: float = 0.0
     skipped: str = ""
-    note: str = ""  # e.g. what tune_model kept in fp32
+    note: str = ""  # e.g. the layers tune_model's contract kept in bf16 or fp32
 
 
 def _built(name: str, build: Callable[[], Callable[..., Any]]) -> Contender:
@@ -185,8 +185,8 @@ def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch],
                                       check_inputs=list(held_out), timing_batches=args.fresh)
     print(f"\n== {name}: tune_model(quantize={quantize}) in {time.perf_counter() - t0:.0f} s\n{report}")
     layers = report.accuracy.layers if report.accuracy else []
-    fp32 = [layer.where.split(",")[0] for layer in layers if layer.precision != "int8"]
-    note = f"{len(layers) - len(fp32)} int8 layers, fp32: {', '.join(fp32)}" if quantize and fp32 else ""
+    finer = {p: [layer.where.split(",")[0] for layer in layers if layer.precision == p] for p in ("bf16", "fp32")}
+    note = "; ".join(f"{p}: {', '.join(names)}" for p, names in finer.items() if names) if quantize else ""
     return Contender(name, optimized, time.perf_counter() - t0, note=note)
 
 

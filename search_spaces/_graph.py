@@ -140,3 +140,14 @@ def workload_error(cls: Any, fields: dict[str, Any]) -> str:
     except WorkloadError as err:
         return str(err)
     return ""
+
+
+@functools.cache
+def host_cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags (Linux's /proc/cpuinfo: "avx512_vnni", "avx512_bf16", ...): what a rule's
+    kernels may rely on where it runs them; empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        return frozenset()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 __all__ = ["DEVICE_KINDS", "GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept",
-           "ModuleRule", "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError",
-           "by_device", "device_kinds", "is_gpu", "parse_shape", "target_from_json"]
+           "ModuleRule", "PRECISIONS", "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload",
+           "WorkloadError", "by_device", "device_kinds", "finer", "is_gpu", "parse_shape", "target_from_json"]
 
 
 class WorkloadError(ValueError):
@@ -267,18 +267,30 @@ class TorchBinding:
 
 
 # ---- how an operator appears in a captured PyTorch graph (read by autotune.torch.tune_model) ----------------
+# The precisions a layer may run in, coarsest first: tune_model's accuracy contract moves a layer that breaks
+# it one step up this ladder at a time (a quantizing rule of that precision takes it, if one can), up to fp32.
+PRECISIONS = ("int8", "bf16", "fp32")
+
+
+def finer(precision: str) -> str:
+    """The next precision up the ladder (fp32 stays fp32)."""
+    return PRECISIONS[min(PRECISIONS.index(precision) + 1, len(PRECISIONS) - 1)]
+
+
 @dataclass(frozen=True)
 class Reduced:
-    """One layer a quantizing match runs in reduced precision, which tune_model's accuracy contract may keep in
-    full precision on its own: `node` names the model's node that computes it (e.g. its `aten.linear`); a
-    quantizing rule leaves a node alone when it finds it among `claimed`. `simulate` computes that node eagerly
-    with the layer's reduced numerics, called with the node's own arguments in its place, so each layer's share
-    of the model's output error is measured without kernels (before anything is tuned)."""
+    """One layer a quantizing match runs in reduced precision (`precision`, of PRECISIONS), which tune_model's
+    accuracy contract may move to a finer one on its own: `node` names the model's node that computes it (e.g.
+    its `aten.linear`); a quantizing rule leaves a node alone when it finds it among `claimed`. `simulate`
+    computes that node eagerly with the layer's reduced numerics, called with the node's own arguments in its
+    place, so each layer's share of the model's output error is measured without kernels (before anything is
+    tuned)."""
 
     node: str
     where: str  # the model's module path, for the report
     what: str  # e.g. "Linear(415, 512) + ReLU, int8 (8-bit activations)"
     simulate: Callable[..., Any]
+    precision: str = "int8"
 
 
 @dataclass
@@ -321,6 +333,8 @@ class GraphRule:
     find: Callable[[Any, dict[str, Any], set[Any]], Iterable[GraphMatch | Kept]]
     priority: int = 0
     quantizes: bool = False  # changes numerics (int8): skipped by tune_model(quantize=False)
+    precision: str = "int8"  # a quantizing rule's: the PRECISIONS step it runs layers in (a node whose floor,
+    #                          set by tune_model's accuracy contract, is finer is not its to take)
     fuses: tuple[str, ...] = ()  # names of the rules whose sites its matches take together (e.g. the embedding
     #   bags and the interaction they feed): tune_model tunes those rules' tasks too, and keeps this rule's
     #   replacements only where the whole model runs faster with them than with those rules' instead
@@ -329,9 +343,10 @@ class GraphRule:
 class Template(Protocol):
     """What the engine, the runners and the torch layer call on an operator template, and nothing else.
 
-    A template is a package `search_spaces/<op>/` (workload.py: fields, parsing, inputs, reference, checks,
-    traffic; cpu.py and cuda.py: each device's space and schedule; torch_op.py: its TorchBinding) whose
-    `__init__` exposes these names; `search_spaces.get` finds it, so adding an operator edits no other file.
+    A template is a package `search_spaces/<op>/` (workload.py: fields, parsing, inputs, reference, traffic, no
+    torch at import; checks.py: input checks that import torch, built on workload.py, which never imports them;
+    cpu.py and cuda.py: each device's space and schedule; torch_op.py: its TorchBinding) whose `__init__`
+    exposes these names; `search_spaces.get` finds it, so adding an operator edits no other file.
     """
 
     NAME: str

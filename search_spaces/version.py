@@ -11,8 +11,9 @@ workloads are named and parsed, not what code a config produces; a record stores
 fields by name, so a change there cannot make an old timing belong to different code (a renamed knob or field
 makes old records unparseable, and they are skipped), while hashing them would stale every record of every
 operator whenever the shared protocol gains a field. Nor an operator's torch_op.py (its TorchBinding: the torch
-op's signature, input checks and module rules, which workload.py imports for `check_inputs`): it decides which
-calls reach a kernel, not the kernel's code or timing.
+op's signature, input checks and module rules), where a hashed module imports it: it decides which calls reach
+a kernel, not the kernel's code or timing. (The built-in operators' input checks, checks.py, import their
+workload.py, never the other way: no hashed module imports them.)
 """
 
 from __future__ import annotations

@@ -42,10 +42,12 @@ def _offset(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, 
     return aten.linear.default(x, w, b) + error
 
 
-def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = None) -> GraphRule:
-    """A quantizing rule: each Linear at a module path in `errors` becomes linear + that error; its simulation
-    adds `simulated`'s error instead where given (a simulation that misjudges the layer)."""
+def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = None, precision: str = "int8",
+               priority: int = 5) -> GraphRule:
+    """A quantizing rule of `precision`: each Linear at a module path in `errors` becomes linear + that error;
+    its simulation adds `simulated`'s error instead where given (a simulation that misjudges the layer)."""
     simulated = errors if simulated is None else simulated
+    name, tag = ("noisy", "noisy") if precision == "int8" else (f"noisy_{precision}", f"noisy {precision}")
 
     def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
         for n in list(gm.graph.nodes):
@@ -58,11 +60,11 @@ def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = No
                     return (gm.graph.call_function(_offset, n.args, {"error": e}),)
 
             sim = simulated[path]
-            yield GraphMatch("noisy", (n,), (n,), (), replace, tolerance=(0.0, 1.0), where=path, what=f"noisy {path}",
-                             reduced=(Reduced(n.name, path, f"Linear at {path}, noisy",
-                                              lambda *a, e=sim, **k: _offset(*a, **k, error=e)),))
+            yield GraphMatch(name, (n,), (n,), (), replace, tolerance=(0.0, 1.0), where=path, what=f"{tag} {path}",
+                             reduced=(Reduced(n.name, path, f"Linear at {path}, {tag}",
+                                              lambda *a, e=sim, **k: _offset(*a, **k, error=e), precision),))
 
-    return GraphRule("noisy", find, 5, quantizes=True)
+    return GraphRule(name, find, priority, quantizes=True, precision=precision)
 
 
 def tune(model: nn.Module, args: Any, tmp_path: Any, **kw: Any) -> tuple[Any, Any]:
@@ -98,6 +100,24 @@ def test_layers_that_break_the_tolerance_stay_fp32_the_most_sensitive_first(tmp_
     assert set(precisions(loose).values()) == {"int8"}
     _, default = tune(model, args, tmp_path, rules=[rule])
     assert precisions(default) == precisions(report)
+
+
+def test_layers_climb_the_precision_ladder_one_step_at_a_time(tmp_path):
+    """int8 breaks the contract at "2" and "4"; bf16 holds it at "2" (its error 2e-3 where int8's is 5e-2) but not
+    at "4", the last layer, whose error reaches the output as it is: "0" stays int8, "2" runs bf16, "4" fp32."""
+    model, args = mlp(), batch()
+    int8 = noisy_rule({"0": 1e-3, "2": 5e-2, "4": 5e-2})
+    bf16 = noisy_rule({"0": 1e-4, "2": 2e-3, "4": 3e-2}, precision="bf16", priority=6)
+    _, report = tune(model, args, tmp_path, rules=[int8, bf16], tolerance=1e-2)
+    assert precisions(report) == {"0": "int8", "2": "bf16", "4": "fp32"}, str(report)
+    why = {layer.where: layer.why for layer in report.accuracy.layers}
+    assert why == {"0": "", "2": "in bf16 to hold the tolerance", "4": "kept in fp32 to hold the tolerance"}
+    assert report.accuracy.holds and "reduced-precision layers: 1 int8, 1 bf16, 1 fp32" in str(report)
+    assert sorted(r.rule for r in report.replaced) == ["noisy", "noisy_bf16"]
+    # without a bf16 rung, the same contract keeps both in fp32
+    _, plain = tune(model, args, tmp_path, rules=[int8], tolerance=1e-2)
+    assert precisions(plain) == {"0": "int8", "2": "fp32", "4": "fp32"}, str(plain)
+    assert "reduced-precision layers: 1 int8, 2 fp32" in str(plain)
 
 
 def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model(tmp_path):

@@ -134,5 +134,57 @@ def test_its_tolerance_refuses_a_layer_without_its_relu():
 
 def test_it_runs_after_the_int8_rule_and_without_quantize():
     names = [r.name for r in collect_rules(quantize=True)]
-    assert names.index("qmatmul") < names.index("dense_linear") == len(names) - 1
-    assert "dense_linear" in [r.name for r in collect_rules(quantize=False)]
+    assert names.index("qmatmul") < names.index("dense_linear_bf16") < names.index("dense_linear") == len(names) - 1
+    quantizing = [r.name for r in collect_rules(quantize=False)]
+    assert "dense_linear" in quantizing and "dense_linear_bf16" not in quantizing
+
+
+# ---- the bf16 rung ------------------------------------------------------------------------------------------
+bf16_op = torch.ops.autotune.dense_linear_bf16.default
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_the_bf16_op_is_linear_with_bf16_inputs_and_result(relu):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 33, 40), torch.randn(24, 40), torch.randn(24)
+    got = bf16_op(x, w.to(torch.bfloat16), b, relu)
+    assert got.dtype == torch.float32 and got.shape == (3, 33, 24)
+    want = dense.simulated_bf16(x, w, b)
+    want = torch.relu(want) if relu else want
+    exact = linear(x, w, b, relu)
+    scale = float(exact.abs().max())
+    # bf16 numerics (not fp32's): within a bf16 step of the simulation, a few 1e-3 of the range from fp32
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * scale)
+    err = float((got - exact).abs().max())
+    assert 0 < err < dense.BF16_RANGE_ATOL * scale
+
+
+def test_the_bf16_rule_converts_weights_once_and_reports_each_layer_reduced(monkeypatch):
+    monkeypatch.setattr(dense, "native_bf16", lambda: True)  # the numerics anywhere; the speed needs the CPU's
+    model, x = MLP(), torch.randn(32, 13)
+    gm = capture(model, (x,))
+    found = list(dense.find_bf16(gm, example_values(gm, (x,)), set()))
+    assert [m.what for m in found] == ["Linear(13, 64) + ReLU -> oneDNN linear in bf16 (ReLU fused)",
+                                       "Linear(64, 48) -> oneDNN linear in bf16", "Linear(48, 1) -> oneDNN linear in bf16"]
+    assert all(len(m.reduced) == 1 and m.reduced[0].precision == "bf16" for m in found)
+    assert [m.reduced[0].node for m in found] == [m.nodes[0].name for m in found]
+    for m in found:
+        new = m.replace(gm)
+        m.outputs[0].replace_all_uses_with(new[0], delete_user_cb=lambda user, n=new[0]: user is not n)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    weights = [getattr(gm, n.args[1].target) for n in gm.graph.nodes if n.target is bf16_op]
+    assert len(weights) == 3 and all(w.dtype == torch.bfloat16 for w in weights)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the model keeps its own
+    for batch in (32, 5):
+        xb = torch.randn(batch, 13)
+        want = model(xb)
+        torch.testing.assert_close(gm(xb), want, rtol=0, atol=dense.BF16_RANGE_ATOL * float(want.abs().max()))
+
+
+def test_without_native_bf16_the_rung_is_absent(monkeypatch):
+    monkeypatch.setattr(dense, "host_cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert not dense.native_bf16()
+    model, x = MLP(), torch.randn(32, 13)
+    gm = capture(model, (x,))
+    assert list(dense.find_bf16(gm, example_values(gm, (x,)), set())) == []

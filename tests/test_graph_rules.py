@@ -24,14 +24,14 @@ pytestmark = pytest.mark.filterwarnings("ignore::autotune.torch.ops.NoTunedKerne
 aten = torch.ops.aten
 
 
-def rule(op: str):
-    (r,) = search_spaces.get(op).graph_rules()
-    return r
+def rule(op: str, name: str | None = None):
+    """The operator's graph rule named `name` (default: the op's own name)."""
+    return next(r for r in search_spaces.get(op).graph_rules() if r.name == (name or op))
 
 
-def run_rule(gm, args, op: str, claimed=()):
+def run_rule(gm, args, op: str, claimed=(), name: str | None = None):
     """The rule's finds; each match replaced and rewired (as the engine commits a match that agrees)."""
-    found = list(rule(op).find(gm, example_values(gm, args), set(claimed)))
+    found = list(rule(op, name).find(gm, example_values(gm, args), set(claimed)))
     for m in found:
         if isinstance(m, GraphMatch):
             new = m.replace(gm)
@@ -317,6 +317,63 @@ def test_a_second_rewrite_reuses_the_one_table_buffer_and_the_tables_train():
     assert tables[1].grad is not None and tables[1].grad.abs().sum() > 0  # the fused table takes the gradient
 
 
+def _tables_attr(gm):
+    return next(getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr" and "autotune_tables" in n.target)
+
+
+def test_int8_rule_batches_the_bags_over_int8_rows_and_leaves_the_model_its_fp32_tables():
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    before = [e.weight.detach().clone() for e in model.embs]
+    (m,), kept = run_rule(gm, args, "batched_embedding_bag", name="batched_embedding_bag_int8")
+    assert not kept and m.tasks[0][1]["dtype"] == "int8" and m.tasks[0][0] == "batched_embedding_bag"
+    fused = _tables_attr(gm)
+    assert fused.dtype == torch.uint8 and fused.shape == (100, 8 + 8)  # 8 int8 values, fp32 scale and bias
+    assert not isinstance(fused, nn.Parameter)
+    for emb, w in zip(model.embs, before):  # the model keeps its own fp32 tables, untouched
+        assert isinstance(emb.weight, nn.Parameter) and torch.equal(emb.weight, w)
+        assert emb.weight.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr()
+    # one Reduced per table, in the group's order, each simulating its table's int8 rows
+    assert [r.what for r in m.reduced] == [f"EmbeddingBag({n}, 8) table, int8 rows" for n in (50, 30, 20)]
+    for batch in (6, 9):  # the model's outputs (the bags' dot products among them) within int8 rounding
+        inputs = _table_inputs(batch)
+        for got, want in zip(gm(*inputs), model(*inputs)):
+            assert got.shape == want.shape and torch.allclose(got, want, atol=0.02 * float(want.abs().max()))
+        assert not torch.equal(gm(*inputs)[0], model(*inputs)[0])  # int8 numerics, not the fp32 tables
+
+
+def test_int8_rule_simulation_is_the_kernel_numerics_and_within_its_tolerance():
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    values = example_values(gm, args)
+    (m,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, set())
+            if isinstance(f, GraphMatch)]
+    bag = m.nodes[0]
+    table = gm.get_parameter(bag.args[0].target)
+    idx, off = values[bag.args[1].name], values[bag.args[2].name]
+    sim = m.reduced[0].simulate(table, idx, off)[0]
+    exact = F.embedding_bag(idx, table, off, mode="sum")
+    rtol, atol = m.tolerance
+    assert torch.allclose(sim, exact, rtol=rtol, atol=atol) and not torch.equal(sim, exact)
+    wrong = m.reduced[0].simulate(table * 1.05, idx, off)[0]  # a perturbed table breaks the bound
+    assert not torch.allclose(wrong, exact, rtol=rtol, atol=atol)
+
+
+def test_tables_held_in_fp32_leave_the_int8_group_to_the_fp32_rule():
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    values = example_values(gm, args)
+    (m,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, set())
+            if isinstance(f, GraphMatch)]
+    held = {m.nodes[0]}  # the first table's bag, as tune_model blocks a layer kept in fp32
+    (m8,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, held)
+             if isinstance(f, GraphMatch)]
+    assert m8.tasks[0][1]["rows"] == (30, 20) and len(m8.reduced) == 2
+
+
 # ---- bags + interaction -> one fused call -------------------------------------------------------------------
 def test_bags_feeding_an_interaction_become_one_fused_call_over_one_table_buffer():
     model = Tables()
@@ -453,6 +510,7 @@ def test_every_template_rule_is_exposed_by_priority():
            for op in ("embedding_interaction", "batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
     assert got == {"embedding_interaction": [("embedding_interaction", 5, False, ("batched_embedding_bag",
                                                                                   "interaction"))],
-                   "batched_embedding_bag": [("batched_embedding_bag", 10, False, ())],
+                   "batched_embedding_bag": [("batched_embedding_bag_int8", 9, True, ()),
+                                             ("batched_embedding_bag", 10, False, ())],
                    "embedding_bag": [("embedding_bag", 20, False, ())],
                    "interaction": [("interaction", 30, False, ())], "qmatmul": [("qmatmul", 40, True, ())]}

@@ -11,12 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("search_spaces", "cost_model", "autotune")
 LOWER = ("search_spaces", "cost_model")  # may not import autotune
 
-# Cycles left until template versions may change: each workload.py's check_inputs imports its torch op's checks
-# lazily. Every cpu.py and cuda.py imports its workload.py, so it is hashed into the template's version
-# (search_spaces/version.py): moving the checks there stales the shipped records. Drop an entry once it is fixed.
-KNOWN_CYCLES = {frozenset({f"search_spaces.{op}.torch_op", f"search_spaces.{op}.workload"})
-                for op in ("embedding_bag", "interaction", "qmatmul", "quantize_rows")}
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -111,10 +105,7 @@ def test_scan_sees_the_project():
 
 def test_no_import_cycles():
     graph = _graph()
-    found = _cycles(graph)
-    gone = KNOWN_CYCLES - {frozenset(c) for c in found}
-    assert not gone, f"fixed, drop from KNOWN_CYCLES: {sorted(sorted(c) for c in gone)}"
-    cycles = [c for c in found if frozenset(c) not in KNOWN_CYCLES]
+    cycles = _cycles(graph)
     lines = []
     for comp in cycles:
         members = set(comp)
@@ -128,3 +119,42 @@ def test_lower_layers_do_not_import_autotune():
     up = [f"{a} -> {b} (line {line})" for a, deps in sorted(graph.items()) if a.startswith(LOWER)
           for b, line in sorted(deps.items()) if b.split(".")[0] == "autotune"]
     assert not up, "search_spaces/cost_model import autotune:\n" + "\n".join(up)
+
+
+def test_operators_build_on_each_other_one_way():
+    """An operator built on another (qmatmul_requant on qmatmul and quantize_rows, batched_embedding_bag on
+    embedding_bag) imports it; the other imports nothing of it, in any of its modules. Module cycles miss this:
+    qmatmul's graph rule importing qmatmul_requant's workload, which imports qmatmul's, is no module cycle."""
+    packages = {f"search_spaces.{d.name}" for d in (ROOT / "search_spaces").iterdir() if (d / "__init__.py").is_file()}
+
+    def operator(module: str) -> str | None:  # search_spaces.qmatmul.graph -> search_spaces.qmatmul
+        op = ".".join(module.split(".")[:2])
+        return op if op in packages else None
+
+    ops: dict[str, dict[str, int]] = {op: {} for op in packages}
+    for a, deps in _graph().items():
+        if (op := operator(a)) is not None:
+            for b, line in deps.items():
+                if (dep := operator(b)) not in (None, op):
+                    ops[op].setdefault(dep, line)
+    assert "search_spaces.qmatmul" in ops["search_spaces.qmatmul_requant"]  # the scan sees one op build on another
+    cycles = _cycles(ops)
+    assert not cycles, "operators that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_nothing_below_benchmarks_imports_them():
+    """benchmarks/ is the top layer: its scripts import autotune (and below); nothing in those packages imports
+    a benchmark, so the library never depends on how it is measured."""
+    up = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                up += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                       if n.split(".")[0] == "benchmarks"]
+    assert not up, "the library imports benchmarks:\n" + "\n".join(up)

@@ -70,7 +70,7 @@ def test_anchored_timing_compiles_its_anchor_in_the_worker_and_keeps_its_scale_a
 
 
 def test_anchored_timing_is_refused_where_it_cannot_run(tmp_path):
-    from autotune.offline import OfflineRunner
+    from autotune.measure import OfflineRunner
 
     with pytest.raises(ValueError, match="not the offline runner"):
         OfflineRunner(tmp_path, Timing(anchor=True))
@@ -80,3 +80,16 @@ def test_anchored_timing_is_refused_where_it_cannot_run(tmp_path):
             runner.measure(make_task("embedding_bag", "cuda:sm_90", shape="rows=100,dim=8,batch=4,pooling=2"), [])
     finally:
         runner.close()
+
+
+def test_every_runner_keeps_the_protocol_and_make_runner_reads_the_runner_text(tmp_path):
+    from autotune.measure import MeasurementCache, OfflineRunner, RPCRunner, Runner, make_runner
+
+    assert all(issubclass(cls, Runner) for cls in (LocalRunner, OfflineRunner, RPCRunner))
+    assert isinstance(MeasurementCache(None, builder=None, runner=None).runner, Runner)
+    assert make_runner("local") is None  # the tuner's own LocalRunner
+    offline = make_runner(f"offline:{tmp_path}", Timing(repeat=2))
+    assert isinstance(offline, OfflineRunner) and offline.root == tmp_path and offline.timing == Timing(repeat=2)
+    for bad in ("offline:", "ssh://host", "remote"):
+        with pytest.raises(ValueError, match="expected local, offline:DIR or rpc://HOST:PORT/KEY"):
+            make_runner(bad)

@@ -8,7 +8,7 @@ import pytest
 
 from autotune import records
 from autotune.measure import Timing
-from autotune.offline import OfflineRunner, OfflineTimeout
+from autotune.measure.offline import OfflineRunner, OfflineTimeout
 from autotune.task import make_task
 from autotune.tuner import tune
 
@@ -114,10 +114,10 @@ def test_a_task_whose_data_cannot_be_made_on_the_device_is_a_harness_error(tmp_p
 @pytest.mark.parametrize("flag, value", [("--timeout", "0"), ("--prepare-timeout", "-5"), ("--timeout", "soon")])
 def test_measure_script_refuses_limits_that_are_not_positive_seconds(capsys, flag, value):
     """A zero or negative limit would mark every candidate as hung: a clear error instead, before measuring."""
-    from autotune import offline_measure
+    from autotune.measure import offline_device
 
     with pytest.raises(SystemExit) as exc:
-        offline_measure.main([flag, value])
+        offline_device.main([flag, value])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and f"argument {flag}:" in err
     assert ("expected seconds" if value == "soon" else f"must be positive, got {value}") in err

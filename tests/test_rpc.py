@@ -14,7 +14,7 @@ import pytest
 from autotune import records
 from autotune.cli import main
 from autotune.measure import Timing
-from autotune.rpc import Farm, RPCRunner, StockServer, parse_tracker, servers, tracker_summary
+from autotune.measure.rpc import Farm, RPCRunner, StockServer, parse_tracker, servers, tracker_summary
 from autotune.task import make_task
 from autotune.tuner import tune
 

@@ -1,91 +1,80 @@
 """The search-quality benchmark: its metrics, its contender specs, the measurement cache, and one real run."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
 from autotune import records
 from autotune.build import Built
 from autotune.measure import Measured
-from autotune.measure_cache import MeasurementCache
+from autotune.measure.cache import MeasurementCache
+from autotune.runtime import Timing
 from autotune.task import make_task
+from benchmarks import search_quality
+from benchmarks.lib import contenders, curves, remeasure, summary
 
-
-def _load_benchmark():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_quality.py"
-    spec = importlib.util.spec_from_file_location("search_quality", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sq = _load_benchmark()
 INF = math.inf
 
 
 # ---- metrics --------------------------------------------------------------------------------------------------
 def test_best_so_far_and_best_after():
-    curve = sq.best_so_far([INF, 3.0, 4.0, 2.0, 2.5])
+    curve = curves.best_so_far([INF, 3.0, 4.0, 2.0, 2.5])
     assert curve == [INF, 3.0, 3.0, 2.0, 2.0]
-    assert [sq.best_after(curve, n) for n in (1, 2, 4, 5)] == [INF, 3.0, 2.0, 2.0]
-    assert sq.best_after(curve, 64) == 2.0  # a run that stopped early keeps its last best
-    assert sq.best_after([], 8) == INF
+    assert [curves.best_after(curve, n) for n in (1, 2, 4, 5)] == [INF, 3.0, 2.0, 2.0]
+    assert curves.best_after(curve, 64) == 2.0  # a run that stopped early keeps its last best
+    assert curves.best_after([], 8) == INF
 
 
 def test_trials_to_within_counts_ties_and_never():
     curve = [5.0, 4.0, 2.1, 2.0]
-    assert sq.trials_to_within(curve, 2.1) == 3  # equal to the target is within it
-    assert sq.trials_to_within(curve, 2.0999) == 4
-    assert sq.trials_to_within(curve, 1.0) is None
-    assert sq.trials_to_within([INF, INF], 1.0) is None
+    assert curves.trials_to_within(curve, 2.1) == 3  # equal to the target is within it
+    assert curves.trials_to_within(curve, 2.0999) == 4
+    assert curves.trials_to_within(curve, 1.0) is None
+    assert curves.trials_to_within([INF, INF], 1.0) is None
 
 
 def test_median_trials_counts_never_as_twice_the_budget():
-    assert sq.median_trials([None, 3, 5], trials=16) == 5
-    assert sq.median_trials([None, None, 5], trials=16) == 32
-    assert sq.median_trials([2, 6], trials=8) == 4  # even count: the mean of the middle two
+    assert curves.median_trials([None, 3, 5], trials=16) == 5
+    assert curves.median_trials([None, None, 5], trials=16) == 32
+    assert curves.median_trials([2, 6], trials=8) == 4  # even count: the mean of the middle two
     with pytest.raises(ValueError):
-        sq.median_trials([], trials=8)
+        curves.median_trials([], trials=8)
 
 
 def test_summarize_reports_medians_per_checkpoint_and_the_ratio_to_random():
-    contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
+    both = contenders.parse_contenders(["xgb=xgb", "random=random"])
     runs = [{"contender": "xgb", "seed": 0, "curve": [4.0, 2.0, 1.0, 1.0]},
             {"contender": "xgb", "seed": 1, "curve": [3.0, 1.02, 1.02, 1.02]},
             {"contender": "random", "seed": 0, "curve": [4.0, 4.0, 3.0, 3.0]},
             {"contender": "random", "seed": 1, "curve": [2.0, 2.0, 2.0, 1.05]}]
-    s = sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=4)
+    s = summary.summarize(runs, both, best=1.0, margin=0.05, trials=4)
     assert s["xgb"]["trials_to_margin"] == [3, 2] and s["xgb"]["median_trials_to_margin"] == 2.5
     assert s["random"]["trials_to_margin"] == [None, 4] and s["random"]["median_trials_to_margin"] == 6
     assert s["xgb"]["vs_random"] == pytest.approx(2.5 / 6) and s["random"]["vs_random"] == 1
     assert s["xgb"]["best_after"] == {"4": 1.01}
-    assert sq.checkpoints(40) == [8, 16, 32, 40] and sq.checkpoints(64) == [8, 16, 32, 64]
-    assert "never, 4" in sq.table(s, 4, 0.05)
+    assert curves.checkpoints(40) == [8, 16, 32, 40] and curves.checkpoints(64) == [8, 16, 32, 64]
+    assert "never, 4" in summary.table(s, 4, 0.05)
 
 
 def test_curve_mean_is_the_geometric_mean_of_the_tuning_curve():
-    assert sq.curve_mean([2.0, 1.0], worst=8.0) == pytest.approx(2 ** 0.5)
-    assert sq.curve_mean([INF, 1.0], worst=4.0) == pytest.approx(2.0)  # no correct trial yet: the worst
-    assert math.isnan(sq.curve_mean([], worst=4.0))
+    assert curves.curve_mean([2.0, 1.0], worst=8.0) == pytest.approx(2 ** 0.5)
+    assert curves.curve_mean([INF, 1.0], worst=4.0) == pytest.approx(2.0)  # no correct trial yet: the worst
+    assert math.isnan(curves.curve_mean([], worst=4.0))
 
 
 def test_summarize_is_margin_free_too():
     """Two runs that cross the 5% line on the same trial, one hovering 4% above the best and the other at 2x
     until then: the counts at 5% tie, the mean curve and the other margins tell them apart."""
-    contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
+    both = contenders.parse_contenders(["xgb=xgb", "random=random"])
     runs = [{"contender": "xgb", "seed": 0, "curve": [1.04, 1.04, 1.0, 1.0]},
             {"contender": "random", "seed": 0, "curve": [2.0, 2.0, 1.0, 1.0]},
             {"contender": "xgb", "seed": 1, "curve": [INF, 1.5, 1.5, 1.5]},
             {"contender": "random", "seed": 1, "curve": [1.5, 1.5, 1.5, 1.5]}]
-    s = sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=4)
+    s = summary.summarize(runs, both, best=1.0, margin=0.05, trials=4)
     assert s["xgb"]["trials_to_margin"] == [1, None] and s["random"]["trials_to_margin"] == [3, None]
     assert s["xgb"]["median_trials_by_margin"] == {"0.02": 5.5, "0.05": 4.5, "0.1": 4.5, "0.2": 4.5}
     assert s["random"]["median_trials_by_margin"]["0.02"] == 5.5
@@ -95,16 +84,16 @@ def test_summarize_is_margin_free_too():
     assert s["xgb"]["seeds_below_random"] == [1, 2]
     assert s["xgb"]["curve_vs_random"] == pytest.approx(s["xgb"]["median_curve_mean"] /
                                                         s["random"]["median_curve_mean"])
-    text = sq.margin_free_table(s)
+    text = summary.margin_free_table(s)
     assert "| xgb | 5.5 | 4.5 | 4.5 | 4.5 |" in text and "1 of 2" in text
 
 
 def test_timing_spec():
-    assert sq._timing("") == sq.Timing()
-    assert sq._timing("number=1,repeat=7,min_repeat_ms=20,anchor=1") == sq.Timing(1, 7, 20.0, anchor=True)
+    assert remeasure.parse_timing("") == Timing()
+    assert remeasure.parse_timing("number=1,repeat=7,min_repeat_ms=20,anchor=1") == Timing(1, 7, 20.0, anchor=True)
     for bad in ("repeat", "anchor=yes", "flush_l2=0"):
         with pytest.raises(ValueError, match="expected number=N"):
-            sq._timing(bad)
+            remeasure.parse_timing(bad)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -114,7 +103,7 @@ def test_timing_spec():
 ])
 def test_bad_contender_options_fail_before_anything_is_measured(spec, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_:
-        sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
+        search_quality.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
                  "--cache", str(tmp_path / "c.jsonl"), "--contenders", "random=random", spec])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "c.jsonl").exists()  # nothing was measured
@@ -122,8 +111,8 @@ def test_bad_contender_options_fail_before_anything_is_measured(spec, message, c
 
 def test_an_anchored_cache_keeps_its_scale_beside_it(tmp_path):
     cache = str(tmp_path / "c.jsonl")
-    assert sq.anchor_scale(cache, sq.Timing()) is None and sq.anchor_scale(None, sq.Timing(anchor=True)) is None
-    scale = sq.anchor_scale(cache, sq.Timing(anchor=True))
+    assert remeasure.anchor_scale(cache, Timing()) is None and remeasure.anchor_scale(None, Timing(anchor=True)) is None
+    scale = remeasure.anchor_scale(cache, Timing(anchor=True))
     assert scale.path == tmp_path / "c.jsonl.anchor.json" and scale.load() is None
     scale.save({"k": 0.002})
     assert scale.load() == {"k": 0.002}
@@ -136,23 +125,23 @@ def test_an_anchored_cache_keeps_its_scale_beside_it(tmp_path):
 
 
 def test_spread_of_repeated_measurements():
-    s = sq.spread([1.0, 1.1, 0.9, 1.0, 1.2])
+    s = curves.spread([1.0, 1.1, 0.9, 1.0, 1.2])
     assert s["median_s"] == 1.0 and s["range_rel"] == pytest.approx(0.3) and s["iqr_rel"] == pytest.approx(0.1)
-    assert sq.spread([])["n"] == 0
+    assert curves.spread([])["n"] == 0
 
 
 # ---- contender specs ----------------------------------------------------------------------------------------
 def test_contender_spec_parsing():
-    c = sq.parse_contender("eps=xgb:epsilon=0.3,batch=8,features=program,pool=4,greedy=true,mode=sa")
+    c = contenders.parse_contender("eps=xgb:epsilon=0.3,batch=8,features=program,pool=4,greedy=true,mode=sa")
     assert (c.label, c.strategy, c.batch, c.features) == ("eps", "xgb", 8, "program")
     assert c.options == {"epsilon": 0.3, "pool": 4, "greedy": True, "mode": "sa"}
-    assert sq.parse_contender("random=random") == sq.Contender("random", "random")
-    warm = sq.parse_contender("hedge=xgb:transfer=true,diversity=2")
-    assert warm.transfer == (sq.WARM,) and warm.options == {"diversity": 2}  # --transfer's log, once known
-    assert sq.parse_contender("cold=xgb:transfer=false").transfer == ()
-    prior = sq.parse_contender("prior=xgb:transfer=true,transfer_as=prior")
-    assert prior.transfer_as == "prior" and sq.tune_kwargs(prior)["transfer_as"] == "prior"
-    assert "transfer_as" not in sq.tune_kwargs(warm)  # tune's default
+    assert contenders.parse_contender("random=random") == contenders.Contender("random", "random")
+    warm = contenders.parse_contender("hedge=xgb:transfer=true,diversity=2")
+    assert warm.transfer == (contenders.WARM,) and warm.options == {"diversity": 2}  # --transfer's log, once known
+    assert contenders.parse_contender("cold=xgb:transfer=false").transfer == ()
+    prior = contenders.parse_contender("prior=xgb:transfer=true,transfer_as=prior")
+    assert prior.transfer_as == "prior" and contenders.tune_kwargs(prior)["transfer_as"] == "prior"
+    assert "transfer_as" not in contenders.tune_kwargs(warm)  # tune's default
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -167,18 +156,18 @@ def test_contender_spec_parsing():
 ])
 def test_bad_contender_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
-        sq.parse_contender(spec)
+        contenders.parse_contender(spec)
 
 
 def test_duplicate_labels_and_bad_arguments_are_rejected(capsys):
     with pytest.raises(ValueError, match="label given twice: a"):
-        sq.parse_contenders(["a=xgb", "a=random"])
+        contenders.parse_contenders(["a=xgb", "a=random"])
     with pytest.raises(SystemExit):
-        sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
+        search_quality.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
                  "--contenders", "a=nope"])
     assert "unknown strategy 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        sq.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
+        search_quality.main(["--op", "quantize_rows", "--shape", "rows=9,cols=37", "--seeds", "1", "--trials", "2",
                  "--contenders", "a=xgb:transfer=true"])
     assert "no --transfer LOG is given" in capsys.readouterr().err
 
@@ -196,17 +185,17 @@ def test_the_reference_is_put_back_into_the_moment_the_runs_were_measured_in(mon
     true = {**logged, cfgs[0].key(): 1e-3}
     asked = []
 
-    def remeasure(task_, builder, runner, cfg, k):
+    def again(task_, builder, runner, cfg, k):
         asked.append(cfg.key())
         return [1.2 * true[cfg.key()]] * k, None
 
-    monkeypatch.setattr(sq, "remeasure", remeasure)
+    monkeypatch.setattr(remeasure, "remeasure", again)
     cache = SimpleNamespace(inner_builder=None, inner_runner=None)
-    ref = sq.confirm(task, cache, mine, 2, 3, None, drift=4)
+    ref = remeasure.confirm(task, cache, mine, 2, 3, None, drift=4)
     assert ref["remeasured_s"] == pytest.approx(1.2e-3) and ref["drift"] == pytest.approx(1.2)
     assert ref["latency_s"] == pytest.approx(1e-3) and ref["drift_configs"] == 4 and len(asked) == 6
     assert len(set(asked[2:]) & set(asked[:2])) == 0  # the drift is told by other configs than the fastest
-    plain = sq.confirm(task, cache, mine, 2, 3, None)  # --drift 0: as re-measured
+    plain = remeasure.confirm(task, cache, mine, 2, 3, None)  # --drift 0: as re-measured
     assert plain["latency_s"] == pytest.approx(1.2e-3) and plain["drift"] == 1.0
 
 
@@ -222,7 +211,7 @@ def test_rescoring_judges_runs_by_medians_of_one_stretch(monkeypatch):
     runs = [{"contender": "xgb", "seed": 0, "keys": [keys[1], keys[0], keys[4]], "latencies": [3e-3, 3.6e-3, INF]},
             {"contender": "random", "seed": 0, "keys": [keys[0], keys[3], keys[2], keys[1]],
              "latencies": [0.5e-3, 4e-3, 0.8e-3, 0.9e-3]}]
-    ranks = sq.run_fastest(runs, per_run=2)
+    ranks = remeasure.run_fastest(runs, per_run=2)
     assert ranks == {keys[1]: 1, keys[0]: 1, keys[2]: 2}  # the failed trial and each run's slowest are not cut in
     true = {cfgs[0]: 2.0e-3, cfgs[1]: 1.0e-3, cfgs[2]: 1.5e-3}
     asked = []
@@ -231,28 +220,29 @@ def test_rescoring_judges_runs_by_medians_of_one_stretch(monkeypatch):
         asked.append((list(chosen), runner.timing))
         return {c: ([true[c]] * k, None) for c in chosen}
 
-    monkeypatch.setattr(sq, "remeasure_interleaved", interleaved)
+    monkeypatch.setattr(remeasure, "remeasure_interleaved", interleaved)
     runner = SimpleNamespace(timing="the runner's")
     raw = {c.key(): c.to_json() for c in cfgs}
-    lat = sq.rescore(task, SimpleNamespace(inner_builder=None, inner_runner=runner), {k: raw[k] for k in ranks},
+    lat = remeasure.rescore(task, SimpleNamespace(inner_builder=None, inner_runner=runner), {k: raw[k] for k in ranks},
                      k=4, timing="short")
     assert asked == [([cfgs[1], cfgs[0], cfgs[2]], "short")] and runner.timing == "the runner's"  # restored
     assert lat == {c.key(): [true[c]] * 4 for c in cfgs[:3]}
     medians = {k: statistics.median(v) for k, v in lat.items()}
-    assert sq.rescored_curve([keys[3], keys[0], keys[1]], medians) == [INF, 2.0e-3, 1.0e-3]
-    s = sq.summarize_rescored(runs, sq.parse_contenders(["xgb=xgb", "random=random"]), medians, 0.05, trials=4)
+    assert summary.rescored_curve([keys[3], keys[0], keys[1]], medians) == [INF, 2.0e-3, 1.0e-3]
+    both = contenders.parse_contenders(["xgb=xgb", "random=random"])
+    s = summary.summarize_rescored(runs, both, medians, 0.05, trials=4)
     assert s["xgb"]["trials_to_margin"] == [1] and s["random"]["trials_to_margin"] == [4]
     assert s["xgb"]["vs_random"] == 0.25 and s["random"]["median_trials_by_margin"]["0.2"] == 4
-    assert "| xgb | 1 | 1 | 0.25 |" in sq.rescored_table(s, 0.05)
+    assert "| xgb | 1 | 1 | 0.25 |" in summary.rescored_table(s, 0.05)
 
 
 def test_split_half_is_how_far_two_halves_of_the_rounds_disagree():
     steady = [1.0, 1.0, 1.0, 1.0]
     odd_slow = [1.1, 1.0, 1.1, 1.0, 1.1, 1.0]  # odd rounds 1.1, even 1.0: 10% apart, relative to their mean
-    assert sq.split_half({"a": steady}) == 0.0
-    assert sq.split_half({"a": odd_slow}) == pytest.approx(0.1 / 1.05)
-    assert sq.split_half({"a": steady, "b": odd_slow, "c": odd_slow}) == pytest.approx(0.1 / 1.05)
-    assert math.isnan(sq.split_half({"a": [1.0, 2.0, 3.0]}))  # too few rounds to split
+    assert remeasure.split_half({"a": steady}) == 0.0
+    assert remeasure.split_half({"a": odd_slow}) == pytest.approx(0.1 / 1.05)
+    assert remeasure.split_half({"a": steady, "b": odd_slow, "c": odd_slow}) == pytest.approx(0.1 / 1.05)
+    assert math.isnan(remeasure.split_half({"a": [1.0, 2.0, 3.0]}))  # too few rounds to split
 
 
 # ---- the measurement cache ----------------------------------------------------------------------------------
@@ -364,7 +354,7 @@ def test_picks_are_re_measured_in_interleaved_rounds(tmp_path, faulty):
             return super().measure(task, builts)
 
     runner = DeletingRunner()
-    timed = sq.remeasure_interleaved(task, FileBuilder(), runner, [cfgs[0], cfgs[1], cfgs[2], cfgs[0]], k=3)
+    timed = remeasure.remeasure_interleaved(task, FileBuilder(), runner, [cfgs[0], cfgs[1], cfgs[2], cfgs[0]], k=3)
     assert set(timed) == set(cfgs[:3])
     rounds = [tuple(sorted(a + b)) for a, b in zip(runner.calls[0::2], runner.calls[1::2])]
     assert rounds == [tuple(sorted([cfgs[0].key(), cfgs[1].key()]))] * 3  # every round times each config once
@@ -373,19 +363,19 @@ def test_picks_are_re_measured_in_interleaved_rounds(tmp_path, faulty):
 
 
 def test_summarize_reports_each_seeds_pick_re_measured():
-    contenders = sq.parse_contenders(["xgb=xgb", "random=random"])
+    both = contenders.parse_contenders(["xgb=xgb", "random=random"])
     a, b = {"t": 1}, {"t": 2}
     runs = [{"contender": "xgb", "seed": 0, "curve": [1.0], "pick": a},
             {"contender": "xgb", "seed": 1, "curve": [1.0], "pick": b},
             {"contender": "random", "seed": 0, "curve": [1.0], "pick": b},
             {"contender": "random", "seed": 1, "curve": [INF], "pick": None}]
-    s = sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=1,
-                     picks={sq.pick_key(a): 2.0, sq.pick_key(b): 4.0})
+    s = summary.summarize(runs, both, best=1.0, margin=0.05, trials=1,
+                     picks={remeasure.pick_key(a): 2.0, remeasure.pick_key(b): 4.0})
     assert s["xgb"]["pick_s"] == [2.0, 4.0] and s["xgb"]["median_pick_s"] == 3.0
     assert s["random"]["pick_s"] == [4.0, None] and s["random"]["median_pick_s"] == 4.0
     assert s["xgb"]["pick_vs_random"] == 0.75
-    assert "| 3.000e+03 |" not in sq.margin_free_table(s) and "| 3000.000 | 0.75 |" in sq.margin_free_table(s)
-    assert sq.summarize(runs, contenders, best=1.0, margin=0.05, trials=1)["xgb"]["median_pick_s"] is None
+    assert "| 3.000e+03 |" not in summary.margin_free_table(s) and "| 3000.000 | 0.75 |" in summary.margin_free_table(s)
+    assert summary.summarize(runs, both, best=1.0, margin=0.05, trials=1)["xgb"]["median_pick_s"] is None
 
 
 def test_transfer_log_drops_the_benchmarked_workload(tmp_path):
@@ -395,11 +385,11 @@ def test_transfer_log_drops_the_benchmarked_workload(tmp_path):
     src = tmp_path / "src.jsonl"
     records.append(src, [task.record(cfg, costs=(1.0,)), other.record(cfg, costs=(2.0,)),
                          other.record(cfg, costs=(3.0,))])
-    kept, dropped, by = sq.filter_transfer(src, task, tmp_path / "out.jsonl")
+    kept, dropped, by = contenders.filter_transfer(src, task, tmp_path / "out.jsonl")
     assert (kept, dropped) == (2, 1) and list(by.values()) == [2] and "rows=64" in next(iter(by))
     assert {r.workload_key for r in records.load(tmp_path / "out.jsonl")} == {other.workload_key}
     with pytest.raises(ValueError, match="does not exist"):
-        sq.filter_transfer(tmp_path / "none.jsonl", task, tmp_path / "x.jsonl")
+        contenders.filter_transfer(tmp_path / "none.jsonl", task, tmp_path / "x.jsonl")
 
 
 # ---- one real run -------------------------------------------------------------------------------------------
@@ -408,18 +398,19 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     from conftest import RunnerView, SharedPool
 
     # the benchmark's Builder() and LocalRunner(timing): the session's pool and measure worker, not fresh ones
-    monkeypatch.setattr(sq, "Builder", lambda: SharedPool(cpu_builder))
-    monkeypatch.setattr(sq, "LocalRunner", lambda timing, **_: RunnerView(local_runner, timing))
+    monkeypatch.setattr(search_quality, "Builder", lambda: SharedPool(cpu_builder))
+    monkeypatch.setattr(search_quality, "LocalRunner", lambda timing, **_: RunnerView(local_runner, timing))
 
     shape = search_spaces.get("quantize_rows").TEST_SHAPE
     other = make_task("quantize_rows", "cpu", shape="rows=64,cols=37")
     warm = tmp_path / "warm.jsonl"
     records.append(warm, [other.record(c, costs=(1e-5 * (i + 1),)) for i, c in enumerate(list(other.space)[:5])])
-    out = sq.main(["--op", "quantize_rows", "--shape", shape, "--seeds", "2", "--trials", "4", "--noise", "2",
-                   "--confirm", "2", "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
-                   "--contenders", "xgb=xgb", "random=random", "hedge=xgb:transfer=true,diversity=2",
-                   "--timing", "number=1,repeat=2,min_repeat_ms=1", "--rescore", "4", "--rescore-top", "2",
-                   "--json", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])
+    out = search_quality.main([
+        "--op", "quantize_rows", "--shape", shape, "--seeds", "2", "--trials", "4", "--noise", "2",
+        "--confirm", "2", "--transfer", str(warm), "--cache", str(tmp_path / "cache.jsonl"),
+        "--contenders", "xgb=xgb", "random=random", "hedge=xgb:transfer=true,diversity=2",
+        "--timing", "number=1,repeat=2,min_repeat_ms=1", "--rescore", "4", "--rescore-top", "2",
+        "--json", str(tmp_path / "o.json"), "--png", str(tmp_path / "o.png")])
     printed = capsys.readouterr().out
     assert "| xgb+transfer |" in printed and "margin" in printed
     d = json.loads((tmp_path / "o.json").read_text())
@@ -427,7 +418,8 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
     assert [(r["seed"], r["contender"]) for r in d["runs"]] == [
         (s, c) for s in (0, 1) for c in ("xgb", "random", "hedge", "xgb+transfer")]  # interleaved, seed-major
     hedge = d["contenders"]["hedge"]
-    assert hedge["transfer"] == d["contenders"]["xgb+transfer"]["transfer"] != [] and hedge["options"] == {"diversity": 2}
+    assert hedge["transfer"] == d["contenders"]["xgb+transfer"]["transfer"] != []
+    assert hedge["options"] == {"diversity": 2}
     assert all(len(r["curve"]) == 4 and r["curve"] == sorted(r["curve"], reverse=True) for r in d["runs"])
     assert d["best"]["latency_s"] == min(x for r in d["runs"] for x in r["curve"])
     assert d["transfer"]["kept"] == 5 and d["transfer"]["dropped_own_workload"] == 0
@@ -443,7 +435,7 @@ def test_a_tiny_real_benchmark_writes_its_figures(tmp_path, capsys, monkeypatch,
                                           for r in records.load(tmp_path / "cache.jsonl")})
     assert (tmp_path / "o.png").stat().st_size > 1000
     # every run's pick was re-measured (--picks, default 5) and each contender's median pick is one of them
-    assert set(d["picks"]) == {sq.pick_key(r["pick"]) for r in d["runs"]}
+    assert set(d["picks"]) == {remeasure.pick_key(r["pick"]) for r in d["runs"]}
     assert all(d["contenders"][c]["median_pick_s"] > 0 for c in d["contenders"])
     assert out["best"]["latency_s"] == d["best"]["latency_s"]
     # --rescore: each run's 2 fastest configs, 4 rounds each, and every contender judged by their medians

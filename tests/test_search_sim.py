@@ -1,32 +1,16 @@
 """The offline search simulator: its surrogate follows the records it is fitted to, and its runs are tune's runs."""
 
-import importlib.util
 import json
 import math
 import random
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from autotune import records
 from autotune.task import make_task
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _load(name):
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sim = _load("search_sim")
+from benchmarks import search_sim as sim
 SHAPE = "batch=64,tables=4,dim=16"
 
 

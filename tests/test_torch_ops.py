@@ -22,7 +22,7 @@ import search_spaces
 from autotune.package import export, read_manifest
 from autotune.task import make_task
 from autotune.torch import registry
-from search_spaces.embedding_bag import torch_op as eb_op
+from search_spaces.embedding_bag import checks as eb_checks, workload as eb_workload
 from search_spaces.interaction.workload import dot_interaction
 
 EB, INTER, QMM = torch.ops.autotune.embedding_bag, torch.ops.autotune.interaction, torch.ops.autotune.qmatmul
@@ -244,7 +244,7 @@ def test_tensors_on_two_devices_are_rejected():
     weight, (idx, off) = torch.randn(50, 8), bags(6)
     with pytest.raises(ValueError, match="all tensors must be on one device, got weight on cpu, indices on cpu, "
                                          "offsets on meta"):
-        eb_op.check(weight, idx, off.to("meta"), None, "sum", False, None)
+        eb_checks.check(weight, idx, off.to("meta"), None, "sum", False, None)
 
 
 def test_7bit_qmatmul_runs_its_own_kernel_and_refuses_activations_out_of_its_range(pkg):
@@ -291,7 +291,7 @@ def test_validate_false_skips_the_checks(pkg):
 def test_index_facts_on_device_match_the_cpu_path():
     for idx, off in [bags(7), bags(7, dtype=torch.int32, last=True), (torch.tensor([3, 1]), torch.tensor([0, 2, 1])),
                      (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))]:
-        assert eb_op._index_facts(idx, off) == eb_op._index_facts_device(idx, off)
+        assert eb_workload._index_facts(idx, off) == eb_workload._index_facts_device(idx, off)
 
 
 def test_fake_implementations_give_shapes_on_the_meta_device():

@@ -615,6 +615,57 @@ def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says
         assert 0 < float((opt(x) - model(x)).abs().max()) <= 1e-2
 
 
+class FourTables(nn.Module):
+    """Four one-hot-to-3-hot tables side by side: two of ordinary range (int8 rows off by about 1e-2 per
+    element) and two a thousand times smaller (off by 1e-5)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embs = nn.ModuleList(nn.EmbeddingBag(40, 8, mode="sum") for _ in range(4))
+        with torch.no_grad():
+            for emb in self.embs[2:]:
+                emb.weight *= 1e-3
+
+    def forward(self, i0: torch.Tensor, o0: torch.Tensor, i1: torch.Tensor, o1: torch.Tensor, i2: torch.Tensor,
+                o2: torch.Tensor, i3: torch.Tensor, o3: torch.Tensor) -> torch.Tensor:
+        return torch.cat([emb(i, o) for emb, i, o in zip(self.embs, (i0, i1, i2, i3), (o0, o1, o2, o3))], 1)
+
+    @staticmethod
+    def batch(seed: int) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(seed)
+        out: list[torch.Tensor] = []
+        for _ in range(4):
+            sizes = torch.randint(1, 4, (BATCH,), generator=g)
+            out += [torch.randint(0, 40, (int(sizes.sum()),), generator=g),
+                    torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)[:-1]])]
+        return tuple(out)
+
+
+@pytest.mark.slow
+def test_int8_tables_that_break_the_tolerance_come_back_fp32_and_the_report_says_so(tmp_path, shared_workers):
+    """Under a 1e-3 contract the ordinary tables cannot be int8 rows, the small ones can: two batched launches,
+    one over int8 rows and one over fp32 rows, and the report says which table is which and why."""
+    import search_spaces
+
+    model = FourTables().eval()
+    opt, report = at.tune_model(model, FourTables.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
+                                bench_rounds=0, rules=search_spaces.get("batched_embedding_bag").graph_rules(),
+                                tolerance=at.Tolerance(atol=1e-3), require_speedup=False)
+    layers = [(layer.what, layer.precision, layer.why) for layer in report.accuracy.layers]
+    kept = "kept in fp32 to hold the tolerance"
+    assert layers == [("EmbeddingBag(40, 8) table, int8 rows", "fp32", kept)] * 2 + \
+                     [("EmbeddingBag(40, 8) table, int8 rows", "int8", "")] * 2, str(report)
+    assert sorted(r.rule for r in report.replaced) == ["batched_embedding_bag", "batched_embedding_bag_int8"]
+    assert sorted(t.fields.get("dtype", "float32") for t in report.tasks) == ["float32", "int8"]
+    calls = [n for n in opt.graph.nodes if n.target is torch.ops.autotune.batched_embedding_bag.default]
+    assert sorted(str(getattr(opt, n.args[0].target).dtype) for n in calls) == ["torch.float32", "torch.uint8"]
+    assert report.accuracy.holds
+    with torch.inference_mode():
+        other = FourTables.batch(5)
+        assert 0 < float((opt(*other) - model(*other)).abs().max()) <= 1e-3
+
+
 def test_a_site_whose_task_found_no_kernel_is_kept_with_the_reason():
     from autotune.torch.tune_model import TaskReport, _key, _ready
 

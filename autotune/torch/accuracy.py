@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from search_spaces.template import Reduced
+from search_spaces.template import PRECISIONS, Reduced
 
 from .graph import _as_args, flat_inputs
 
@@ -289,7 +289,7 @@ class LayerPrecision:
 
     where: str
     what: str
-    precision: str  # "int8" or "fp32"
+    precision: str  # of template.PRECISIONS: "int8", "bf16" or "fp32"
     share: float  # the model's error / allowed with this layer alone in reduced precision (simulated, worst
     #               check batch): its share of the error
     why: str = ""  # why it is fp32: the tolerance, or its match's own reason (slower, no kernel, ...)
@@ -322,7 +322,8 @@ class AccuracyReport:
                f"{len(self.errors)} batch(es)"]
         out += [f"  {e}" for e in self.errors]
         if self.layers:
-            fp32 = sum(layer.precision != "int8" for layer in self.layers)
-            out.append(f"reduced-precision layers: {len(self.layers) - fp32} int8, {fp32} fp32")
+            counts = {p: sum(layer.precision == p for layer in self.layers) for p in PRECISIONS}
+            out.append("reduced-precision layers: " + ", ".join(f"{n} {p}" for p, n in counts.items()
+                                                                if n or p != "bf16"))
             out += [f"  {layer}" for layer in self.layers]
         return out

@@ -10,6 +10,13 @@ it there in tune_model's speed check, so where MKL is the faster it stays.
 inductor's CPU freezing passes emit) in a custom op with a fake implementation and a backward: inductor lowers
 `_linear_pointwise` only on weights it packed itself, so the wrapper keeps `torch.compile` of a rewritten model
 working, and the layer keeps training. Off the CPU, or without oneDNN, the op is F.linear (+ ReLU).
+
+The bf16 rung of tune_model's precision ladder is here too: `dense_linear_bf16` runs a Linear (+ ReLU) on
+oneDNN with bf16 inputs and weights (converted once), float32 accumulation and bias, a bf16 result read back
+as float32: on CPUs with native bf16 dot products (AVX512-BF16, AMX) a layer that int8 cannot hold to the
+accuracy contract keeps most of its speed. It is a quantizing rule (`precision="bf16"`): tune_model tries it
+only on layers whose int8 breaks the contract, or that no int8 rule takes, and only where the CPU has the
+instructions (elsewhere oneDNN would emulate them, slower than fp32).
 """
 
 from __future__ import annotations
@@ -20,13 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces._graph import attr, insertion_point, is_call, scalar_arg, sole_user, tensor_value, where
-from search_spaces.template import GraphMatch, GraphRule
+from search_spaces._graph import (attr, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
+                                  tensor_value, where)
+from search_spaces.template import GraphMatch, GraphRule, Reduced
 
-__all__ = ["RULES", "available", "dense_linear"]
+__all__ = ["RULES", "available", "dense_linear", "dense_linear_bf16", "native_bf16"]
 
 aten = torch.ops.aten
 RULE = "dense_linear"
+RULE_BF16 = "dense_linear_bf16"
 RELUS = (aten.relu.default, aten.relu_.default)
 # fp32 results of another summation order: within a few ulps of the output's range per product summed
 RTOL, RANGE_ATOL = 1e-4, 1e-5
@@ -51,6 +60,38 @@ def dense_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) 
     return torch.relu(y) if relu else y
 
 
+def native_bf16() -> bool:
+    """Whether oneDNN's linear is available and this CPU computes bf16 dot products natively."""
+    return available() and bool({"avx512_bf16", "amx_bf16"} & host_cpu_flags())
+
+
+@torch.library.custom_op("autotune::dense_linear_bf16", mutates_args=())
+def dense_linear_bf16(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
+    """relu?(x @ weight.T + bias) for float32 x (..., K) and a bf16 weight (N, K): x rounded to bf16, float32
+    accumulation and bias, the result rounded to bf16 and returned as float32 (oneDNN on the CPU; elsewhere the
+    same rounding steps in PyTorch)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).contiguous().to(torch.bfloat16)
+    if x.is_cpu and available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        y = torch.ops.mkldnn._linear_pointwise(x2, _packed(weight), bias, "relu" if relu else "none", [], "")
+    else:
+        y = simulated_bf16(x2, weight, bias)
+        y = torch.relu(y) if relu else y
+    return y.to(torch.float32).reshape(*lead, weight.shape[0])
+
+
+@dense_linear_bf16.register_fake
+def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def simulated_bf16(x: Tensor, w: Tensor, b: Optional[Tensor] = None) -> Tensor:
+    """`aten.linear`'s arguments -> its output with the bf16 rung's numerics (inputs and weight rounded to bf16,
+    the result to bf16), in eager PyTorch: a layer's share of a model's bf16 error before anything runs."""
+    y = F.linear(x.to(torch.bfloat16).float(), w.to(torch.bfloat16).float(), None if b is None else b.float())
+    return y.to(torch.bfloat16).to(x.dtype)
+
+
 _PACKED: dict[int, tuple[Any, ...]] = {}  # id(weight) -> (weak reference, version, address, shape, packed)
 
 
@@ -64,8 +105,8 @@ def _version(t: Tensor) -> int:
 def _packed(weight: Tensor) -> Tensor:
     """oneDNN's blocked layout of `weight`, made once per weight tensor and valid while it is the same live tensor
     at the same version, address and shape (an optimizer's in-place step packs it anew). Unpacked, oneDNN
-    reorders the weight on every call: 2-8% of a layer's time here (415 -> 512 at batch 2048: 2.85 -> 2.73 ms,
-    256 -> 64: 0.29 -> 0.27), with bit-identical results."""
+    reorders the weight on every call, a few percent of a layer's time (benchmarks/WHOLE_MODEL.md), with
+    bit-identical results."""
     global _PACKED
     hit = _PACKED.get(id(weight))
     if (hit is not None and hit[0]() is weight and hit[1] == _version(weight) and hit[2] == weight.data_ptr()
@@ -106,24 +147,30 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 dense_linear.register_autograd(_backward, setup_context=_setup_context)
 
 
-# ---- the graph rule -----------------------------------------------------------------------------------------
-def _replace(linear: Any, relu: Any) -> Any:
+# ---- the graph rules ---------------------------------------------------------------------------------------
+# bf16 results: each output rounded to 8 significant bits, its inputs too: a few parts in 1e3 of the range
+BF16_RANGE_ATOL = 2e-2
+
+
+def _replace(linear: Any, relu: Any, bf16: bool = False) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
         x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
         out = relu or linear
         with gm.graph.inserting_before(insertion_point(gm, [x, w, b], [out])):
-            new = gm.graph.call_function(torch.ops.autotune.dense_linear.default, (x, w, b, relu is not None))
-        new.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
+            if bf16:  # the weight converted once, an inference buffer beside the model's own
+                w = register(gm, "autotune_bf16_weight", attr(gm, w.target).detach().to(torch.bfloat16).contiguous())
+            op = torch.ops.autotune.dense_linear_bf16 if bf16 else torch.ops.autotune.dense_linear
+            new = gm.graph.call_function(op.default, (x, w, b, relu is not None))
+        for node in (w, new) if bf16 else (new,):
+            node.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
         return (new,)
 
     return replace
 
 
-def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
-    """Every float32 Linear (+ the ReLU that is its only user) on a CPU input that earlier rules left, in graph
-    order. Layers of other dtypes or devices are not this rule's to refuse: they are skipped without a word."""
-    if not available():
-        return
+def _layers(gm: Any, values: dict[str, Any], claimed: set[Any], weights: str) -> Iterator[tuple[Any, Any, float]]:
+    """(linear, its ReLU or None, max |output|) of every float32 Linear on a CPU input that earlier rules left,
+    in graph order, whose weight is `weights` ("any" node, or a "get_attr" parameter the rule may convert)."""
     for linear in [n for n in gm.graph.nodes if is_call(n, aten.linear.default) and n not in claimed]:
         x, w = linear.args[0], linear.args[1]
         weight, xv = tensor_value(gm, values, w), tensor_value(gm, values, x)
@@ -131,19 +178,47 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         bias = attr(gm, b.target) if getattr(b, "op", None) == "get_attr" else tensor_value(gm, values, b)
         if not (isinstance(weight, Tensor) and isinstance(xv, Tensor) and weight.dim() == 2 and xv.dim() >= 2
                 and weight.dtype == xv.dtype == torch.float32 and xv.is_cpu and weight.is_cpu
-                and (b is None or (isinstance(bias, Tensor) and bias.dtype == torch.float32))):
+                and (b is None or (isinstance(bias, Tensor) and bias.dtype == torch.float32))
+                and (weights == "any" or getattr(w, "op", None) == "get_attr")):
             continue
         relu = sole_user(linear, *RELUS)
         relu = None if relu in claimed else relu
-        nodes = (linear,) if relu is None else (linear, relu)
         ref = tensor_value(gm, values, relu or linear)
-        scale = float(ref.abs().max()) if isinstance(ref, Tensor) and ref.numel() else 1.0
-        n, k = weight.shape
+        yield linear, relu, float(ref.abs().max()) if isinstance(ref, Tensor) and ref.numel() else 1.0
+
+
+def _what(linear: Any, relu: Any, gm: Any, values: dict[str, Any]) -> str:
+    n, k = tensor_value(gm, values, linear.args[1]).shape
+    return f"Linear({k}, {n}){' + ReLU' if relu is not None else ''}"
+
+
+def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
+    """Every float32 Linear (+ the ReLU that is its only user) on a CPU input that earlier rules left, in graph
+    order. Layers of other dtypes or devices are not this rule's to refuse: they are skipped without a word."""
+    if not available():
+        return
+    for linear, relu, scale in _layers(gm, values, claimed, "any"):
+        nodes = (linear,) if relu is None else (linear, relu)
         yield GraphMatch(
             rule=RULE, nodes=nodes, outputs=(relu or linear,), tasks=(), replace=_replace(linear, relu),
             tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
-            what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> oneDNN linear"
-                 f"{' (ReLU fused)' if relu is not None else ''}")
+            what=f"{_what(linear, relu, gm, values)} -> oneDNN linear{' (ReLU fused)' if relu is not None else ''}")
 
 
-RULES = (GraphRule(RULE, find, priority=60),)
+def find_bf16(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
+    """As `find`, on oneDNN in bf16 (weights that are the model's parameters, converted once), on CPUs with
+    native bf16 dot products only; each layer a `Reduced` of precision "bf16"."""
+    if not native_bf16():
+        return
+    for linear, relu, scale in _layers(gm, values, claimed, "get_attr"):
+        nodes = (linear,) if relu is None else (linear, relu)
+        what = _what(linear, relu, gm, values)
+        yield GraphMatch(
+            rule=RULE_BF16, nodes=nodes, outputs=(relu or linear,), tasks=(), replace=_replace(linear, relu, True),
+            tolerance=(0.0, BF16_RANGE_ATOL * scale + 1e-6), where=where(nodes),
+            reduced=(Reduced(linear.name, where(nodes), f"{what}, bf16", simulated_bf16, precision="bf16"),),
+            what=f"{what} -> oneDNN linear in bf16{' (ReLU fused)' if relu is not None else ''}")
+
+
+RULES = (GraphRule(RULE_BF16, find_bf16, priority=50, quantizes=True, precision="bf16"),
+         GraphRule(RULE, find, priority=60))

@@ -14,8 +14,9 @@ engine checks every replacement by numbers before it keeps it:
               tolerance (and, with `speed`, whose new nodes run faster than the old ones: `speed.py`), erase
               the others' new nodes, drop dead code.
 
-Both take `full_precision`, names of nodes the quantizing rules must leave alone (tune_model's accuracy contract
-keeps the layers that break its tolerance in fp32); the other rules may still take them.
+Both take `floors`: node name -> the coarsest precision (template.PRECISIONS) that node may run in, which
+tune_model's accuracy contract raises for the layers that break its tolerance; a quantizing rule of a coarser
+precision leaves such a node alone (at "fp32", every quantizing rule does); the other rules may still take it.
 
 `node_times` and `profile` time each node on the example inputs: each task's share of the eager time, and a
 per-module breakdown (node.meta["nn_module_stack"]).
@@ -29,14 +30,14 @@ import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 import search_spaces
-from search_spaces.template import GraphMatch, GraphRule, Kept, Reduced
+from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced
 
 from . import dense
 from . import speed as _speed
@@ -216,11 +217,11 @@ def collect_rules(quantize: bool = True, extra: Iterable[GraphRule] = (),
 
 
 def _find(rule: GraphRule, gm: fx.GraphModule, values: dict[str, Any], claimed: set[fx.Node],
-          full_precision: frozenset[str] = frozenset()) -> Iterable[GraphMatch | Kept]:
+          floors: Mapping[str, str] = {}) -> Iterable[GraphMatch | Kept]:
     """The rule's finds; each match's nodes join `claimed` as it comes, and a match overlapping an earlier one is
-    refused (a rule's bug must not rewrite a node twice). A quantizing rule also sees the nodes named in
-    `full_precision` as claimed, and so leaves them alone."""
-    blocked = {n for n in gm.graph.nodes if n.name in full_precision} if rule.quantizes else set()
+    refused (a rule's bug must not rewrite a node twice). A quantizing rule also sees the nodes whose floor is
+    finer than its precision as claimed, and so leaves them alone."""
+    blocked = {n for n in gm.graph.nodes if _below(rule, floors.get(n.name))} if rule.quantizes else set()
     seen = claimed | blocked  # what the rule may not take
     for found in rule.find(gm, values, seen):
         if isinstance(found, GraphMatch):
@@ -232,48 +233,51 @@ def _find(rule: GraphRule, gm: fx.GraphModule, values: dict[str, Any], claimed: 
         yield found
 
 
+def _below(rule: GraphRule, floor: str | None) -> bool:
+    """Whether `rule`'s precision is coarser than a node's floor (None: no floor)."""
+    return floor is not None and PRECISIONS.index(rule.precision) < PRECISIONS.index(floor)
+
+
 @dataclass
 class Discovery:
     """What the rules find on the captured graph before anything is tuned."""
 
     matches: list[GraphMatch] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
-    alternatives: list[GraphMatch] = field(default_factory=list)  # what the rules a fusing rule's matches fuse
-    #   (GraphRule.fuses) find at those sites without it: their kernels are tuned too, to be compared with it
+    alternatives: list[GraphMatch] = field(default_factory=list)  # what the other rules find where a fusing
+    #   rule's matches (GraphRule.fuses) took nodes: their kernels are tuned too, to be compared with it
 
 
 def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
-             full_precision: frozenset[str] = frozenset()) -> Discovery:
+             floors: Mapping[str, str] = {}) -> Discovery:
     """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals,
-    and the alternatives to the fusing rules' matches; the quantizing rules leave the nodes named in
-    `full_precision` alone."""
+    and the alternatives to the fusing rules' matches; the quantizing rules leave alone the nodes whose floor is
+    finer than their precision."""
     values = example_values(gm, example_inputs)
     out = Discovery()
     claimed: set[fx.Node] = set()
     for rule in rules:
-        for found in _find(rule, gm, values, claimed, full_precision):
+        for found in _find(rule, gm, values, claimed, floors):
             (out.matches if isinstance(found, GraphMatch) else out.kept).append(found)
-    out.alternatives = _alternatives(gm, values, rules, out.matches, full_precision)
+    out.alternatives = _alternatives(gm, values, rules, out.matches, floors)
     return out
 
 
 def _alternatives(gm: fx.GraphModule, values: dict[str, Any], rules: Sequence[GraphRule],
-                  matches: Sequence[GraphMatch], full_precision: frozenset[str]) -> list[GraphMatch]:
-    """The matches the rules named in a fusing rule's `fuses` find where its matches took nodes, the rules run
-    again without the fusing rules."""
-    fusing = {r.name: r for r in rules if r.fuses}
-    fused = [m for m in matches if m.rule in fusing]
-    if not fused:
+                  matches: Sequence[GraphMatch], floors: Mapping[str, str]) -> list[GraphMatch]:
+    """What the other rules find where the fusing rules' matches took nodes, the rules run again without the
+    fusing rules (e.g. the batched bags, fp32 or int8, and the interaction where the fused kernel took them)."""
+    fusing = {r.name for r in rules if r.fuses}
+    taken = {n for m in matches if m.rule in fusing for n in m.nodes}
+    if not taken:
         return []
-    taken = {n for m in fused for n in m.nodes}
-    fused_rules = {name for m in fused for name in fusing[m.rule].fuses}
     out: list[GraphMatch] = []
     claimed: set[fx.Node] = set()
     for rule in rules:
         if rule.name in fusing:
             continue
-        for found in _find(rule, gm, values, claimed, full_precision):
-            if isinstance(found, GraphMatch) and rule.name in fused_rules and taken.intersection(found.nodes):
+        for found in _find(rule, gm, values, claimed, floors):
+            if isinstance(found, GraphMatch) and taken.intersection(found.nodes):
                 out.append(found)
     return out
 
@@ -300,19 +304,19 @@ class Rewrite:
 def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
             ready: Callable[[GraphMatch], str | None] = lambda m: None,
             speed: SpeedCheck | None = None, unchecked: frozenset[str] = frozenset(),
-            full_precision: frozenset[str] = frozenset(), timing_inputs: Sequence[Any] = ()) -> Rewrite:
+            floors: Mapping[str, str] = {}, timing_inputs: Sequence[Any] = ()) -> Rewrite:
     """Rewrite `gm` in place, rule by rule (see the module docstring); `ready(match)` says why a match must be
     kept before it is tried (e.g. its kernel was not tuned), or None. With `speed`, a replacement that agrees
     is also timed against the code it replaces and kept out unless it is faster by `speed.margin`, except
     those of the rules named in `unchecked` (tune_model's whole-model check wires them in to time the model);
     each side's calls cycle through its values on the example inputs and on each batch of `timing_inputs`
     (fresh batches: rows a repeated batch would keep in cache are not all there, as in a model). The quantizing
-    rules leave the nodes named in `full_precision` alone."""
+    rules leave alone the nodes whose floor is finer than their precision."""
     out = Rewrite()
     claimed: set[fx.Node] = set()  # nodes of committed matches
     for rule in rules:
         _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, None if rule.name in unchecked else speed,
-                      full_precision, timing_inputs)
+                      floors, timing_inputs)
     return out
 
 
@@ -325,11 +329,11 @@ class _Pending:
 
 def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
                   ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite,
-                  speed: SpeedCheck | None, full_precision: frozenset[str], timing_inputs: Sequence[Any]) -> None:
+                  speed: SpeedCheck | None, floors: Mapping[str, str], timing_inputs: Sequence[Any]) -> None:
     values = example_values(gm, example_inputs)
     attrs = _attr_names(gm)
     pending: list[_Pending] = []
-    for found in _find(rule, gm, values, set(claimed), full_precision):
+    for found in _find(rule, gm, values, set(claimed), floors):
         if isinstance(found, Kept):
             out.kept.append(found)
             continue

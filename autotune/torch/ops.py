@@ -11,8 +11,8 @@ for all:
     REGISTRY.plan(op, device, signature, size) (cached) -> binding.run(chunks, *args), or PyTorch's
     implementation with one `NoTunedKernelWarning` per (op, device, signature, reason).
 
-Why not `torch.library.custom_op`: its Python layers cost ~16 us a call (6.5 us in inference mode), more than
-a small kernel. Here a call crosses from the dispatcher into Python at most once:
+Why not `torch.library.custom_op`: its Python layers cost more a call than a small kernel takes
+(benchmarks/MEASUREMENT.md). Here a call crosses from the dispatcher into Python at most once:
   - the dispatch above is the kernel at the "CPU" and "CUDA" keys ("CompositeExplicitAutograd" serves other
     devices, which run PyTorch's implementation), and `torch.library.register_fake` gives the meta/fake one;
   - every op has a kernel at the "Autograd" key (`_autograd`): when no gradient is needed and the call holds
@@ -20,7 +20,7 @@ a small kernel. Here a call crosses from the dispatcher into Python at most once
     (gradients, fake or functional tensors, dispatch modes) it takes the way `torch.library.register_autograd`
     takes, redispatching below autograd. An op whose binding has no backward raises on backward, as before;
   - on the CPU, where the compiled call path builds (`callpath`), a C++ kernel takes the CPU and Autograd keys:
-    it replays the CPU dispatch's decision for calls of metadata seen before (no Python at all: ~1-3 us over
+    it replays the CPU dispatch's decision for calls of metadata seen before (no Python at all: a few us over
     the TVM function) and hands everything else to the two Python kernels above.
 
 Tensors reach the kernel as they are: tvm_ffi converts torch tensors through DLPack's C exchange API, without

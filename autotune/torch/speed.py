@@ -1,8 +1,8 @@
 """Whether a replacement pays: its new nodes timed against the model's code they replace, on the example inputs.
 
-A replacement can agree by numbers and still be slower: on a 2-core znver3 the int8 Linear (quantize_rows +
-qmatmul) loses to PyTorch's fp32 GEMM (2048x415->512: 11.7 ms against 8.1 ms), and wiring it in made the whole
-model 0.75x eager. So the rewrite (`graph.rewrite(speed=SpeedCheck())`) times each agreeing match before it
+A replacement can agree by numbers and still be slower: an int8 Linear (quantize_rows + qmatmul) can lose to
+PyTorch's fp32 GEMM at an odd K, and wiring in such losers can make the whole model slower than eager
+(benchmarks/WHOLE_MODEL.md). So the rewrite (`graph.rewrite(speed=SpeedCheck())`) times each agreeing match before it
 commits it: the match's old nodes and its new nodes, each as a standalone GraphModule fed the example values of
 its inputs (a fused match as its whole group: 26 embedding bags against the one batched launch and its views;
 an interaction with its stack/cat against the op that reads the embeddings in place), in interleaved rounds so

@@ -7,8 +7,8 @@ kernel its workers, pinned one per core, call sched_yield up to TVM_THREAD_POOL_
 default) before sleeping. PyTorch's OpenMP workers (libgomp; MKL and oneDNN run on them) busy-wait with `pause`
 after their own regions. A yielding thread is never asleep, so it gets no wake-up preemption: when a libgomp
 worker spins on its core, TVM's worker runs only at the next scheduler tick, and each pool waits for the
-other's. A tuned one-hot embedding bag then F.embedding_bag cost 4.0 ms per pair against 0.2 ms for the two
-alone, with 1000 spins as with 300000 (benchmarks/thread_pools.py). With 0 spins TVM's workers sleep after
+other's: a tuned op and a PyTorch op in a row cost many times the two alone, with 1000 spins as with 300000
+(`python -m benchmarks.thread_pools`; benchmarks/MEASUREMENT.md). With 0 spins TVM's workers sleep after
 each kernel; the next kernel wakes them, and the wake-up takes the core from a spinning libgomp thread at once.
 
 The defaults are set by `autotune.thread_env.apply()` (re-exported here), which `import autotune` runs, before

@@ -12,12 +12,12 @@ holds exactly those kernels) and loaded; the rules rewrite the graph, each repla
 reproduces the model's values on the example inputs and (`require_speedup`) runs faster than the code it
 replaces there, timed interleaved (`speed.py`: a tuned kernel can agree and still lose to PyTorch, as int8
 Linears do on small CPUs); a rule that fuses others' sites (`GraphRule.fuses`: the embedding bags and the
-interaction as one kernel) is kept only where the whole model runs faster with it than with those rules'
-replacements (their tasks are tuned too); the rewritten model is held to the accuracy contract (`tolerance`, on
-the example and held-out batches: `accuracy.py`), int8 layers that break it staying fp32, the most
-error-sensitive first; eager and optimized latency are measured interleaved. Every timing cycles through the
-example batch and fresh ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps
-its rows in cache.
+interaction as one kernel) is kept only where the whole model runs faster with it than with the other rules'
+replacements there (their tasks are tuned too); the rewritten model is held to the accuracy contract
+(`tolerance`, on the example and held-out batches: `accuracy.py`), layers that break it moving up the precision
+ladder (int8, bf16 where a rule runs it, fp32), the most error-sensitive first;
+eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
+ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
 """
@@ -38,8 +38,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 import search_spaces
-from search_spaces.template import GraphMatch, GraphRule, Kept, Reduced
+from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced, finer
 
+from ..tuning_log import TuningLog
 from . import accuracy
 from .accuracy import AccuracyReport, Batch, LayerPrecision, Tolerance
 from .graph import Replaced, Rewrite, _as_args, capture, collect_rules, discover, node_times, rewrite
@@ -182,13 +183,14 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
         return model, report
     job = _Job(model, args, timing, ruleset, (speed or SpeedCheck()) if require_speedup else None, device,
                Path(log_dir), trials, shipped, progress, node_times(gm, args), report)
-    layers = _reduced(found.matches)
+    layers = _reduced([*found.matches, *found.alternatives])  # a fusion's alternatives may run layers in int8
     shares = accuracy.layer_shares(gm, checks, layers, contract)
+    share = _Shares(gm, checks, contract, {(layer.node, layer.precision): shares[layer.node] for layer in layers})
     with _Workers() as workers:
-        opt, done, errors, fp32 = _hold(job, workers, checks, contract, shares,
-                                        accuracy.plan(gm, checks, layers, contract, shares))
+        opt, done, errors, floors = _hold(job, workers, checks, contract, share,
+                                          accuracy.plan(gm, checks, layers, contract, shares))
     report.replaced, report.kept = done.replaced, done.kept
-    report.accuracy = _accuracy_report(contract, errors, layers, shares, fp32, done,
+    report.accuracy = _accuracy_report(contract, errors, layers, shares, floors, done,
                                        {r.name for r in ruleset if r.quantizes})
     if not report.accuracy.holds:
         report.note = (f"the rewritten model breaks the tolerance ({contract}) even with every int8 layer in "
@@ -221,6 +223,10 @@ class _Job:
     progress: bool
     times: dict[str, float]  # node name -> eager seconds on the example inputs (each task's share)
     report: TuneModelReport
+    logs: "_Logs" = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.logs = _Logs(self.log_dir)
 
 
 def _reduced(matches: Sequence[GraphMatch]) -> list[Reduced]:
@@ -228,45 +234,63 @@ def _reduced(matches: Sequence[GraphMatch]) -> list[Reduced]:
     return [layer for m in matches for layer in m.reduced]
 
 
-def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, shares: dict[str, float],
-          planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError], list[str]]:
-    """Rewrite the model with the `planned` layers in fp32, then, while its real kernels break `contract` on
-    the check batches, with one more int8 layer in fp32 (the most error-sensitive first) each time. Returns
-    (the rewritten model, its rewrite, its errors on the check batches, the layers kept in fp32)."""
-    order = accuracy.fallback_order(shares)
-    fp32 = list(planned)
+class _Shares:
+    """A reduced-precision layer's share of the error (`accuracy.layer_shares`) at the precision it runs in,
+    simulated once per (node, precision) on the captured graph: the bf16 rung's layers appear only once the
+    contract moves them there."""
+
+    def __init__(self, gm: Any, checks: Sequence[Batch], contract: Tolerance, known: dict[tuple[str, str], float]):
+        self.gm, self.checks, self.contract, self.known = gm, checks, contract, dict(known)
+
+    def __call__(self, layer: Reduced) -> float:
+        key = (layer.node, layer.precision)
+        if key not in self.known:
+            self.known[key] = accuracy.layer_shares(self.gm, self.checks, [layer], self.contract)[layer.node]
+        return self.known[key]
+
+
+def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, share: _Shares,
+          planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError], dict[str, str]]:
+    """Rewrite the model with the `planned` layers one step up the precision ladder (bf16 where a rule runs it,
+    else fp32), then, while its real kernels break `contract` on the check batches, move one more layer one
+    step up each time: the one with the largest share of the error at the precision it runs in (ties: the
+    first). Returns (the rewritten model, its rewrite, its errors on the check batches, the floors: node -> the
+    coarsest precision it was allowed)."""
+    floors = {name: finer(PRECISIONS[0]) for name in planned}
     while True:
-        opt, done = _rewritten(job, workers, frozenset(fp32))
+        opt, done = _rewritten(job, workers, floors)
         errors = accuracy.check(opt, checks, contract)
-        int8 = [name for name in order if name in _int8_nodes(done)]
-        if all(e.holds for e in errors) or not int8:
-            return opt, done, errors, fp32
-        fp32.append(int8[0])
+        running = _running(done)
+        if all(e.holds for e in errors) or not running:
+            return opt, done, errors, floors
+        step = max(running.values(), key=share)
+        floors = {**floors, step.node: finer(step.precision)}
 
 
-def _int8_nodes(done: Rewrite) -> set[str]:
-    return {layer.node for r in done.replaced for layer in r.reduced}
+def _running(done: Rewrite) -> dict[str, Reduced]:
+    """Each node a kept replacement runs in reduced precision -> its layer (and so its precision)."""
+    return {layer.node: layer for r in done.replaced for layer in r.reduced}
 
 
-def _rewritten(job: _Job, workers: "_Workers", fp32: frozenset[str]) -> tuple[Any, Rewrite]:
-    """The model captured afresh and rewritten with the layers named in `fp32` left to the fp32 rules: the
-    tasks its sites need tuned (those not tuned yet by this call), the package exported and loaded, the rules
-    run (and, with speed checks, the whole-model check)."""
+def _rewritten(job: _Job, workers: "_Workers", floors: dict[str, str]) -> tuple[Any, Rewrite]:
+    """The model captured afresh and rewritten with each layer no coarser than its floor (those at "fp32" left
+    to the fp32 rules): the tasks its sites need tuned (those not tuned yet by this call), the package exported
+    and loaded, the rules run (and, with speed checks, the whole-model check)."""
     job.report.whole_model.clear()  # this rewrite's verdicts only
     gm = capture(job.model, job.args)
-    found = discover(gm, job.args, job.ruleset, fp32)
+    found = discover(gm, job.args, job.ruleset, floors)
     new = _new_tasks(job.report, [*found.matches, *found.alternatives], job.times)
     if new:
-        _tune_all(new, job.device, job.log_dir, job.trials, job.shipped, job.progress, workers)
+        _tune_all(new, job.device, job.logs, job.trials, job.shipped, job.progress, workers)
         best = [t.record for t in job.report.tasks if t.record is not None]
         if best:
             job.report.package, exported = _package(best, job.log_dir / "package", workers)
             job.report.exported |= exported
     ready = _ready(job.report.tasks)
-    done = rewrite(gm, job.args, job.ruleset, ready, job.check, full_precision=fp32, timing_inputs=job.timing[1:])
+    done = rewrite(gm, job.args, job.ruleset, ready, job.check, floors=floors, timing_inputs=job.timing[1:])
     if job.check is not None:
-        gm, done = _whole_model_check(job, gm, done, ready, fp32)
-        gm, done = _fusion_check(job, gm, done, ready, fp32)
+        gm, done = _whole_model_check(job, gm, done, ready, floors)
+        gm, done = _fusion_check(job, gm, done, ready, floors)
     return gm, done
 
 
@@ -279,18 +303,20 @@ def _new_tasks(report: TuneModelReport, matches: Sequence[GraphMatch], times: di
 
 
 def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], layers: Sequence[Reduced],
-                     shares: dict[str, float], fp32: Sequence[str], done: Rewrite,
+                     shares: dict[str, float], floors: dict[str, str], done: Rewrite,
                      quantizing: set[str]) -> AccuracyReport:
-    """Each reduced-precision layer's final precision (and why it is fp32), and the measured errors."""
-    int8 = _int8_nodes(done)
+    """Each reduced-precision layer's final precision (and why it is finer than its rule's), and the measured
+    errors."""
+    running = _running(done)
     out = AccuracyReport(contract, errors)
     for layer in layers:
-        if layer.node in int8:
-            precision, why = "int8", ""
-        elif layer.node in fp32:
-            precision, why = "fp32", "kept in fp32 to hold the tolerance"
+        precision = running[layer.node].precision if layer.node in running else "fp32"
+        if layer.node in floors and precision != layer.precision:
+            why = f"{'kept ' * (precision == 'fp32')}in {precision} to hold the tolerance"
+        elif precision == "fp32":
+            why = _why_kept(layer, done.kept, quantizing)
         else:
-            precision, why = "fp32", _why_kept(layer, done.kept, quantizing)
+            why = ""
         out.layers.append(LayerPrecision(layer.where, layer.what, precision, shares.get(layer.node, 0.0), why))
     return out
 
@@ -357,7 +383,26 @@ class _Workers:
             self._builder.close()
 
 
-def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, shipped: bool,
+class _Logs:
+    """Each log a call asks about, read once: the tasks' own (`log_dir/<op>.jsonl`, which `tune` appends to
+    through the same object) and the shipped ones."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self._open: dict[Any, TuningLog] = {}
+
+    def own(self, op: str) -> TuningLog:
+        if op not in self._open:
+            self._open[op] = TuningLog(self.log_dir / f"{op}.jsonl")
+        return self._open[op]
+
+    def shipped(self, op: str, device: str) -> TuningLog:
+        if (op, device) not in self._open:
+            self._open[op, device] = TuningLog.shipped(op, device)
+        return self._open[op, device]
+
+
+def _tune_all(tasks: list[TaskReport], device: str, logs: _Logs, trials: int, shipped: bool,
               progress: bool, workers: _Workers) -> None:
     from tqdm import tqdm
 
@@ -368,24 +413,21 @@ def _tune_all(tasks: list[TaskReport], device: str, log_dir: Path, trials: int, 
     try:
         for t in bar:
             bar.set_postfix_str(t.op)
-            _tune_task(t, device, log_dir / f"{t.op}.jsonl", trials, shipped, progress, workers)
+            _tune_task(t, device, logs, trials, shipped, progress, workers)
     finally:
         bar.close()
 
 
-def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool, progress: bool,
+def _tune_task(t: TaskReport, device: str, logs: _Logs, trials: int, shipped: bool, progress: bool,
                workers: _Workers) -> None:
     """Tune one task up to `trials` configs in its log (resume), then pick its best record."""
-    from .. import records
     from ..measure import require_local_device
     from ..task import make_task
     from ..tuner import tune
 
     task = make_task(t.op, device, **t.fields)
-    dev = task.device.name
-    mine = [r for r in records.current(records.for_task(records.load(log), t.op, t.workload_key, dev))
-            if r.error_kind != "harness"]  # as the tuner counts what it resumes
-    t.resumed = len({r.config_key for r in mine})
+    log = logs.own(t.op)
+    t.resumed = log.resumed(task)
     if t.resumed < trials and t.resumed < len(task.space):
         try:
             require_local_device(task)  # before anything is built
@@ -396,15 +438,14 @@ def _tune_task(t: TaskReport, device: str, log: Path, trials: int, shipped: bool
                           stacklevel=3)
             t.why = f"tuning failed: {type(err).__name__}: {err}"
             return
-    rec = records.best(records.current(records.load(log)), t.op, t.workload_key, dev)
+    rec = log.best(task)
     t.source = "tuned"
     if shipped:
-        pre = records.best(records.current(records.load_many(records.shipped_logs(t.op, dev))), t.op,
-                           t.workload_key, dev)
+        pre = logs.shipped(t.op, task.device.name).best(task)
         if pre is not None and (rec is None or pre.latency < rec.latency):
             rec, t.source = pre, "shipped record"
     if rec is None:
-        t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log})"
+        t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log.paths[0]})"
         t.source = ""
         return
     t.record, t.best_s = rec, rec.latency
@@ -456,22 +497,23 @@ def _package(best: list[Any], out: Path, workers: _Workers) -> tuple[Path, bool]
 
 
 # ---- measurement --------------------------------------------------------------------------------------------
-def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: frozenset[str]) -> tuple[Any, Rewrite]:
+def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: dict[str, str]) -> tuple[Any, Rewrite]:
     """A second opinion, by the whole model, on each rule whose replacements lost their own speed check.
 
     A replacement is timed as its own subgraph, which misses what it does to its neighbours: the table-batched
     launch writes (B, T, D), which the interaction then reads in place, so wiring it in also removes the stack
-    copy the interaction otherwise makes (on the Criteo-shaped DLRM: 26 bags 3.02 ms, the batched op 3.26 ms,
-    yet the model 23.5 -> 19.3 ms with it). For each such rule, in rule order, the model is rewritten again with
-    that rule's replacements wired in unchecked, and the two rewritten models are timed (interleaved rounds,
-    medians, over the timing cycle); the faster by `check.margin` is kept, and the report says what each took."""
+    copy the interaction otherwise makes (on the Criteo-shaped DLRM the batched op alone can be slower than the
+    26 bags, and the model faster with it: benchmarks/WHOLE_MODEL.md). For each such rule, in rule order, the
+    model is rewritten again with that rule's replacements wired in unchecked, and the two rewritten models are
+    timed (interleaved rounds, medians, over the timing cycle); the faster by `check.margin` is kept, and the
+    report says what each took."""
     assert job.check is not None
     wired: frozenset[str] = frozenset()  # rules this check wired in so far
     for rule in job.ruleset:
         if not any(k.slower and k.rule == rule.name for k in done.kept):
             continue
         alt_gm = capture(job.model, job.args)
-        alt = rewrite(alt_gm, job.args, job.ruleset, ready, job.check, wired | {rule.name}, fp32, job.timing[1:])
+        alt = rewrite(alt_gm, job.args, job.ruleset, ready, job.check, wired | {rule.name}, floors, job.timing[1:])
         with torch.inference_mode():
             now_s, alt_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
         faster = alt_s <= now_s * (1.0 - job.check.margin)
@@ -482,30 +524,29 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: froz
     return gm, done
 
 
-def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, fp32: frozenset[str]) -> tuple[Any, Rewrite]:
-    """The whole model with each fusing rule's replacements (`GraphRule.fuses`, e.g. the embedding bags and the
-    interaction as one kernel) against the model rewritten without that rule, where the rules it fuses take its
+def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: dict[str, str]) -> tuple[Any, Rewrite]:
+    """The whole model with the fusing rules' replacements (`GraphRule.fuses`, e.g. the embedding bags and the
+    interaction as one kernel) against the model rewritten without those rules, where the other rules take their
     sites (with their own whole-model check): timed as `_whole_model_check` times, the fused model is kept only
     if faster by `check.margin`, and the report says what each took."""
     assert job.check is not None
-    for rule in [r for r in job.ruleset if r.fuses]:
-        if not any(r.rule == rule.name for r in done.replaced):
-            continue
-        apart = dataclasses.replace(job, ruleset=[r for r in job.ruleset if r is not rule])
-        alt_gm = capture(job.model, job.args)
-        alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, full_precision=fp32,
-                      timing_inputs=job.timing[1:])
-        before = len(job.report.whole_model)
-        alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, fp32)
-        job.report.whole_model[before:] = [f"without {rule.name}, {v}" for v in job.report.whole_model[before:]]
-        with torch.inference_mode():
-            fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
-        faster = fused_s <= apart_s * (1.0 - job.check.margin)
-        job.report.whole_model.append(f"{rule.name}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
-                                      f"{' + '.join(rule.fuses)} apart: {'kept' if faster else 'left out'}")
-        if not faster:
-            gm, done, job = alt_gm, alt, apart
-    return gm, done
+    fusing = [r for r in job.ruleset if r.fuses and any(d.rule == r.name for d in done.replaced)]
+    if not fusing:
+        return gm, done
+    apart = dataclasses.replace(job, ruleset=[r for r in job.ruleset if not r.fuses])
+    alt_gm = capture(job.model, job.args)
+    alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, floors=floors, timing_inputs=job.timing[1:])
+    names = " and ".join(r.name for r in fusing)
+    before = len(job.report.whole_model)
+    alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, floors)
+    job.report.whole_model[before:] = [f"without {names}, {v}" for v in job.report.whole_model[before:]]
+    with torch.inference_mode():
+        fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
+    faster = fused_s <= apart_s * (1.0 - job.check.margin)
+    fused_rules = " + ".join(dict.fromkeys(f for r in fusing for f in r.fuses))
+    job.report.whole_model.append(f"{names}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
+                                  f"{fused_rules} apart: {'kept' if faster else 'left out'}")
+    return (gm, done) if faster else (alt_gm, alt)
 
 
 def _cycled(model: Any, batches: Sequence[tuple[Any, ...]]) -> Any:

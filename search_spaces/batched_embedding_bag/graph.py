@@ -16,7 +16,8 @@ import torch
 
 from .._graph import attr, has_op, insertion_point, node_order, register, where, workload_error
 from ..embedding_bag.graph import Bag, bags
-from ..template import GraphMatch, GraphRule, Kept
+from ..embedding_bag.rows import dequantize, quantize
+from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .torch_op import concat_tables
 from .workload import Workload, tolerance
 
@@ -24,6 +25,7 @@ __all__ = ["RULES", "groups", "table_nodes"]
 
 aten = torch.ops.aten
 RULE = "batched_embedding_bag"
+RULE_INT8 = "batched_embedding_bag_int8"
 
 
 def _key(bag: Bag, consumer: Any) -> tuple[Any, ...]:
@@ -90,25 +92,36 @@ def _already_fused(params: list[torch.Tensor]) -> torch.Tensor | None:
     return first.detach().new_empty(0).set_(storage, start, (rows, first.shape[1]))
 
 
-def table_nodes(gm: Any, group: list[Bag]) -> tuple[Any, Any]:
-    """get_attr nodes of the group's tables as one weight (a Parameter where the tables took gradients) and of
-    their first rows, inserted at the graph's insertion point; the model's own tables become views of the one
-    buffer (`p.data = fused[r0:r1]`): no second copy."""
-    fused, table_offsets, params = fuse_tables(gm, group)
-    weight = register(gm, "autotune_tables", fused, trainable=any(p.requires_grad for p in params))
+def table_nodes(gm: Any, group: list[Bag], dtype: str = "float32") -> tuple[Any, Any]:
+    """get_attr nodes of the group's tables as one weight and of their first rows, inserted at the graph's
+    insertion point. float32: a Parameter where the tables took gradients, the model's own tables rebound as views
+    of it (`p.data = fused[r0:r1]`: one copy of the tables); a reduced-precision `dtype` (int8): the tables
+    converted once (rows.py), an inference buffer beside the model's own fp32 Parameters."""
+    if dtype == "float32":
+        fused, table_offsets, params = fuse_tables(gm, group)
+        trainable = any(p.requires_grad for p in params)
+    else:
+        params = [attr(gm, bag.weight.target) for bag in group]
+        fused = concat_tables([quantize(p, dtype) for p in params])
+        table_offsets = torch.tensor([0] + [p.shape[0] for p in params], dtype=torch.int64).cumsum(0)
+        table_offsets, trainable = table_offsets.to(fused.device), False
+    weight = register(gm, "autotune_tables", fused, trainable=trainable)
     starts = register(gm, "autotune_table_offsets", table_offsets)
-    for p, r0, r1 in zip(params, table_offsets.tolist(), table_offsets.tolist()[1:]):
-        p.data = fused[r0:r1]
+    if dtype == "float32":
+        for p, r0, r1 in zip(params, table_offsets.tolist(), table_offsets.tolist()[1:]):
+            p.data = fused[r0:r1]
     return weight, starts
 
 
-def _replace(group: list[Bag]) -> Any:
+def _replace(group: list[Bag], dtype: str = "float32") -> Any:
+    """The rewrite of one group: one launch over the tables in one buffer (`table_nodes`, in `dtype` rows)."""
+
     def replace(gm: Any) -> tuple[Any, ...]:
         indices, offsets = [b.indices for b in group], [b.offsets for b in group]
         t_count, dim = len(group), group[0].dim
         point = insertion_point(gm, indices + offsets, [b.out for b in group])
         with gm.graph.inserting_before(point):
-            weight, starts = table_nodes(gm, group)
+            weight, starts = table_nodes(gm, group, dtype)
             out = gm.graph.call_function(torch.ops.autotune.batched_embedding_bag.default, (
                 weight, starts, indices, offsets, group[0].mode, group[0].include_last_offset))
             v = gm.graph.call_function(aten.view.default, (out, [-1, t_count, dim]))
@@ -127,26 +140,82 @@ def _fields(group: list[Bag]) -> dict[str, Any]:
                 index_dtype=first.index_dtype)
 
 
-def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
-    """One match per group of embedding bags feeding one consumer."""
+def _matches(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str,
+             dtype: str) -> Iterator[tuple[list[Bag], dict[str, Any]] | Kept]:
+    """(group, task fields) of each group the `dtype` kernels can serve, or Kept saying why not."""
     for group in groups(gm, values, claimed):
         nodes = [b.node for b in group]
         if not has_op(RULE):
-            yield Kept(RULE, where(nodes), "torch.ops.autotune.batched_embedding_bag is not registered "
+            yield Kept(rule, where(nodes), "torch.ops.autotune.batched_embedding_bag is not registered "
                                            "(import autotune.torch)")
             continue
-        fields = _fields(group)
+        fields = _fields(group) | ({"dtype": dtype} if dtype != "float32" else {})
         why = workload_error(Workload, fields)
         if why:
-            yield Kept(RULE, where(nodes), why)
+            yield Kept(rule, where(nodes), why)
             continue
+        yield group, fields
+
+
+def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
+    """One match per group of embedding bags feeding one consumer."""
+    for found in _matches(gm, values, claimed, RULE, "float32"):
+        if isinstance(found, Kept):
+            yield found
+            continue
+        group, fields = found
         yield GraphMatch(
             rule=RULE, nodes=tuple(n for b in group for n in b.covered), outputs=tuple(b.out for b in group),
             tasks=((RULE, fields),), replace=_replace(group), tolerance=tolerance(Workload(**fields)),
-            where=where(nodes),
+            where=where([b.node for b in group]),
             what=(f"{len(group)} embedding bags -> one batched_embedding_bag ({len(group)} tables, dim "
                   f"{fields['dim']}, {fields['mode']}); the tables now live in one buffer, the modules' "
                   "weights are views of it"))
 
 
-RULES = (GraphRule(RULE, find, priority=10),)
+def simulated_bag(dtype: str) -> Any:
+    """`aten.embedding_bag`'s arguments -> its outputs with the table in `dtype` rows (converted as `_replace`
+    converts it, then read back as the kernels read it): a table's share of a model's error, before any kernel
+    is tuned."""
+
+    def bag(weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        table = dequantize(quantize(weight, dtype), dtype)
+        return aten.embedding_bag(table, *args, **kwargs)  # the packet: default or padding_idx, as the node
+
+    return bag
+
+
+def _int8_tolerance(gm: Any, group: list[Bag], fields: dict[str, Any]) -> tuple[float, float]:
+    """(rtol, atol) of the check by numbers: each fused int8 row is off by at most half its step, (max - min)
+    / 255 / 2 per element, so a bag of up to max-pooling rows by that many steps, plus fp32 rounding."""
+    step = 0.0
+    with torch.no_grad():
+        for b in group:
+            t = attr(gm, b.weight.target).detach()
+            step = max(step, float((t.amax(1) - t.amin(1)).max()) / 255)
+    rtol, atol = tolerance(Workload(**fields))
+    return rtol, atol + 0.5 * step * fields["pooling"][1] * (1 + 1e-3)
+
+
+def find_int8(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
+    """As `find`, with the tables converted once to FBGEMM's fused int8 rows (a quarter of the bytes per
+    lookup); each table may stay fp32 alone to hold tune_model's accuracy contract (then the fp32 rule takes
+    it)."""
+    for found in _matches(gm, values, claimed, RULE_INT8, "int8"):
+        if isinstance(found, Kept):
+            yield found
+            continue
+        group, fields = found
+        simulate = simulated_bag("int8")
+        yield GraphMatch(
+            rule=RULE_INT8, nodes=tuple(n for b in group for n in b.covered), outputs=tuple(b.out for b in group),
+            tasks=((RULE, fields),), replace=_replace(group, "int8"), tolerance=_int8_tolerance(gm, group, fields),
+            where=where([b.node for b in group]),
+            reduced=tuple(Reduced(node=b.node.name, where=where([b.node]), simulate=simulate,
+                                  what=f"EmbeddingBag({b.rows}, {b.dim}) table, int8 rows") for b in group),
+            what=(f"{len(group)} embedding bags -> one batched_embedding_bag ({len(group)} tables, dim "
+                  f"{fields['dim']}, {fields['mode']}) over int8 rows (FBGEMM's fused row-wise layout), "
+                  "converted once into one inference buffer"))
+
+
+RULES = (GraphRule(RULE_INT8, find_int8, priority=9, quantizes=True), GraphRule(RULE, find, priority=10))

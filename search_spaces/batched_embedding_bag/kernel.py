@@ -58,6 +58,10 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     i64 = "int64"
     fmt = w.rows_format
     WD = fmt.width
+    # int8 rows pooled into the CPU scratch add their bias once per row, into a column of its own (the scratch's
+    # last), not once per element (as embedding_bag.cpu.compute's `split`)
+    split = fmt.fused and mode != "max" and not direct and not gpu
+    AW = D + 1 if split else D  # the scratch's columns
     prefetch_row = prefetcher(prefetch_lines, fmt)
     flag_if = flag_where()
     check_boundaries = boundaries_checker()
@@ -92,8 +96,16 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
         """Element vd of the bag's vl-th row, a guarded load: an index out of its table is never read."""
         idx = index(I, Off, vt, vb, NB, vl)
         if branch:  # the branch around the row guards it
-            return fmt.load(W, S, TO[vt] + idx, vd)
-        return T.if_then_else(in_range(idx, rows_of(TO, vt)), fmt.load(W, S, TO[vt] + idx, vd), T.float32(identity))
+            return fmt.load(W, S, TO[vt] + idx, vd, bias=not split)
+        return T.if_then_else(in_range(idx, rows_of(TO, vt)), fmt.load(W, S, TO[vt] + idx, vd, bias=not split),
+                              T.float32(identity))
+
+    def row_bias(S: Any, TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any) -> Any:
+        """The bag's vl-th row's bias (split), guarded as `row`."""
+        idx = index(I, Off, vt, vb, NB, vl)
+        if branch:
+            return fmt.bias_of(S, TO[vt] + idx)
+        return T.if_then_else(in_range(idx, rows_of(TO, vt)), fmt.bias_of(S, TO[vt] + idx), T.float32(0))
 
     def staged_index(TO: Any, I: Any, Off: Any, vt: Any, vb: Any, NB: Any, NNZ: Any, R: Any, vl: Any) -> Any:
         """The bag's vl-th index; past the end, its last one."""
@@ -155,6 +167,10 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                             O[vb, vt * D + vd] = combine(O[vb, vt * D + vd], row(W, S, TO, I, Off, vt, vb, NB, vl, vd))
                         else:
                             A[vd] = combine(A[vd], row(W, S, TO, I, Off, vt, vb, NB, vl, vd))
+            if split:
+                with T.sblock(name + "_bias"):
+                    vl = T.axis.reduce(count(TO, Off, vt, vb, NB, NNZ, R), l)
+                    A[D] = A[D] + row_bias(S, TO, I, Off, vt, vb, NB, vl)
 
         @T.macro
         def pool_row(W, S, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R):
@@ -185,7 +201,7 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
             if direct:
                 T.writes(O[vb, vt * D:vt * D + D])
             else:
-                T.writes(A[0:D])
+                T.writes(A[0:AW])
             for d0 in range(D):
                 with T.sblock("acc_init"):
                     vd0 = T.axis.spatial(D, d0)
@@ -193,6 +209,9 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                         O[vb, vt * D + vd0] = T.float32(identity)
                     else:
                         A[vd0] = T.float32(identity)
+            if split:
+                with T.sblock("bias_init"):
+                    A[D] = T.float32(0)
             if unroll == 1:
                 for l in range(count(TO, Off, vt, vb, NB, NNZ, R)):
                     group_row(W, S, TO, I, Off, A, O, Flag, vt, vb, l, NB, NNZ, R)
@@ -244,7 +263,7 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                 if direct:
                     pool(W, S, TO, I, Off, O, O, Flag, vt, vb, NB, NNZ, R)  # A unused: O stands in to type-check
                 else:
-                    A = T.sblock_alloc_buffer((D,), "float32", scope="local" if gpu else SCRATCH_SCOPE)
+                    A = T.sblock_alloc_buffer((AW,), "float32", scope="local" if gpu else SCRATCH_SCOPE)
                     if gpu:
                         G = T.sblock_alloc_buffer((U, D), "float32", scope="local")
                         pool_staged(W, S, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R)
@@ -253,7 +272,10 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                     for d2 in range(D):
                         with T.sblock("finalize"):
                             vd2 = T.axis.spatial(D, d2)
-                            O[vb, vt * D + vd2] = finish(A[vd2], count(TO, Off, vt, vb, NB, NNZ, R))
+                            if split:
+                                O[vb, vt * D + vd2] = finish(A[vd2] + A[D], count(TO, Off, vt, vb, NB, NNZ, R))
+                            else:
+                                O[vb, vt * D + vd2] = finish(A[vd2], count(TO, Off, vt, vb, NB, NNZ, R))
 
     @T.macro
     def kernel(W, S, TO, I, Off, O, Flag, NB, NNZ, R):

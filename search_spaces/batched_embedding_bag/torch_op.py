@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from .._torch_checks import need, same_device_contiguous
 from ..embedding_bag.rows import quantize, table_dtype
-from ..embedding_bag.torch_op import ATEN_MODES, explain_table, out_dtype, table_dim, table_ok
+from ..embedding_bag.checks import explain_table, out_dtype, table_ok
+from ..embedding_bag.torch_op import ATEN_MODES, table_dim
 from ..embedding_bag.workload import MODES, boundaries, pool_dequantized, row_indices, table
 from ..template import IndexOutOfRange, InvalidDtype, Route, TorchBinding
 from .workload import Workload
@@ -169,9 +170,8 @@ _MADV_HUGEPAGE = 14
 def concat_tables(tables: Sequence[Tensor]) -> Tensor:
     """The tables concatenated into one contiguous (sum rows, D) tensor; on a Linux CPU, in memory advised to use
     2 MB pages before it is written. A gather reads rows at random over hundreds of MB: with 4 KB pages nearly
-    every lookup misses the TLB (measured on the Criteo-shaped DLRM's 362 MiB: 2.48 -> 2.15 ms per batch on a
-    2-core znver3, where transparent huge pages are on `madvise`). Elsewhere, or where the advice is refused, a
-    plain cat."""
+    every lookup misses the TLB (benchmarks/EMBEDDING_BAG.md has the gain, on a machine where transparent huge
+    pages are on `madvise`). Elsewhere, or where the advice is refused, a plain cat."""
     first = tables[0]
     rows, dim = sum(t.shape[0] for t in tables), first.shape[1]
     nbytes = rows * dim * first.element_size()
@@ -216,7 +216,7 @@ def layout(indices: Sequence[Tensor], offsets: Sequence[Tensor], include_last_of
     tables = len(indices)
     idx = torch.cat(indices) if tables > 1 else indices[0].contiguous()
     starts = np.array([0, *accumulate(i.numel() for i in indices)], dtype=_NUMPY.get(idx.dtype, np.int64))
-    shift = torch.from_numpy(starts)  # 1.4x faster than torch.tensor(list) at T=26
+    shift = torch.from_numpy(starts)  # cheaper than torch.tensor(list) per call
     shift = shift if idx.device.type == "cpu" and shift.dtype == idx.dtype else shift.to(idx.device, idx.dtype)
     if include_last_offset:
         stacked = torch.stack(offsets)  # (T, B+1)

@@ -1,18 +1,18 @@
 """Embedding-bag: ragged gathers of table rows, pooled per bag (torch.nn.functional.embedding_bag).
 
 Batch, number of indices and table rows are symbolic, so one compiled kernel serves any batch; the embedding
-dimension, mode, index dtype and options are compiled in. workload.py: fields, inputs, reference, checks;
-cpu.py and cuda.py: each device's knobs, TVMScript and schedule (kernel.py: the signature they share).
+dimension, mode, index dtype and options are compiled in. workload.py: fields, inputs, reference, the kernels'
+data checks; checks.py: what the op accepts (imports torch); cpu.py and cuda.py: each device's knobs, TVMScript
+and schedule (kernel.py: the signature they share).
 """
 
 from __future__ import annotations
 
-
+from typing import Any
 
 from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
-from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
-                       traffic)
+from .workload import Workload, baselines, inputs, kernel_args, pack, reference, tolerance, traffic
 from .workload import after_call  # noqa: F401  (optional member: raises what the kernel flagged)
 from .workload import timed_inputs  # noqa: F401  (optional member: timed calls gather new rows)
 
@@ -28,6 +28,13 @@ __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", 
 
 
 space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
+
+
+def check_inputs(w: Workload, *tensors: Any) -> None:
+    """Raise a clear error for tensors the kernel cannot take (checks.py, imports torch)."""
+    from .checks import check_inputs as check
+
+    check(w, *tensors)
 
 
 def torch_binding() -> TorchBinding:

@@ -8,8 +8,8 @@ raises after the call (`workload.INDEX_ERROR`, `OFFSETS_ERROR`, `TABLE_OFFSETS_E
 index, never per element of a row. Offsets are checked as boundaries (from 0, non-decreasing, within the
 indices): on the CPU by one vectorised pass over them before the gather, which it skips when they are bad (a
 compare and branch per bag in the gather costs more: a one-hot gather is latency-bound, and each instruction
-per bag shortens the out-of-order window over the bags whose loads are in flight, ~15% measured); on a GPU
-per bag, where a bad bag pools nothing (a host statement could not read them there).
+per bag shortens the out-of-order window over the bags whose loads are in flight; benchmarks/EMBEDDING_BAG.md);
+on a GPU per bag, where a bad bag pools nothing (a host statement could not read them there).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ index dtype, per_sample_weights, padding_idx, include_last_offset, table dtype) 
 table rows. The weight may hold reduced-precision rows (rows.py): float16 or bfloat16, or uint8 rows in FBGEMM's
 fused row-wise int8 layout (dim values, then a float32 scale and bias); the output is float32 whatever the table
 (the pooling of its float32 values), and such tables are for inference (no gradient).
-Inputs are checked as PyTorch checks them (indices in range, well-formed offsets). On the CPU the kernels check
-the data themselves as they gather (an error flag raised after the call, always on: it is what keeps them inside
-their tensors), so `check` reads only metadata; on a GPU `check` reads the data before the call (waiting for it)
-unless `validate=False`. The backward is PyTorch's own.
+Inputs are checked as PyTorch checks them (indices in range, well-formed offsets: checks.py). On the CPU the
+kernels check the data themselves as they gather (an error flag raised after the call, always on: it is what
+keeps them inside their tensors), so `check` reads only metadata; on a GPU `check` reads the data before the
+call (waiting for it) unless `validate=False`. The backward is PyTorch's own.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._torch_checks import fits, need, same_device_contiguous
-from ..template import IndexOutOfRange, InvalidDtype, ModuleRule, Route, TorchBinding
+from .._torch_checks import need
+from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
+from .checks import OP, check, out_dtype
 from .rows import DTYPES, FUSED_BYTES, quantize, table_dtype
-from .workload import MODES, Workload, boundaries, inputs, pool_dequantized, row_indices, table
+from .workload import Workload, boundaries, inputs, pool_dequantized, row_indices, table
 
-__all__ = ["BINDING", "EmbeddingBag", "QuantizedEmbeddingBag", "check", "embedding_bag", "explain_table", "out_dtype",
-           "table_dim", "table_ok"]
+__all__ = ["BINDING", "EmbeddingBag", "QuantizedEmbeddingBag", "embedding_bag", "table_dim"]
 
-OP = "embedding_bag"
 ATEN_MODES = {"sum": 0, "mean": 1, "max": 2}  # PyTorch's internal mode numbers (aten::_embedding_bag)
 
 
@@ -44,107 +43,9 @@ def embedding_bag(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_w
                             mode=mode, include_last_offset=include_last_offset, padding_idx=padding_idx)
 
 
-def check(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,
-          mode: str = "sum", include_last_offset: bool = False, padding_idx: Optional[int] = None,
-          validate: bool = True) -> None:
-    """What F.embedding_bag rejects (and what would make a kernel read out of bounds), as clear errors.
-
-    On the CPU only the metadata is checked here (dtypes, shapes, devices, options: no pass over the data):
-    the kernels check every index and bag as they gather and `after_call` raises what they met, and PyTorch's
-    own implementation, where a call falls back to it, checks them itself (`embedding_bag` adds the check
-    PyTorch lacks). CUDA inputs are also checked here, on the host, before the call: reading a GPU kernel's
-    flag would wait for it (its kernels clamp what they read, so unchecked input stays inside the tensors)."""
-    ws, ids, ofs = weight.shape, indices.shape, offsets.shape
-    if (len(ws) == 2 and len(ids) == 1 and len(ofs) == 1 and indices.dtype in _INDEX and offsets.dtype in _INDEX
-            and mode in MODES and ofs[0] >= include_last_offset and table_ok(weight)
-            and (per_sample_weights is None or (mode == "sum" and per_sample_weights.dtype is out_dtype(weight)
-                                                and per_sample_weights.shape == ids))
-            and (padding_idx is None or -ws[0] <= padding_idx < ws[0])
-            and fits(weight, indices, offsets, per_sample_weights)):
-        if weight.is_cpu:
-            return  # the kernels check the data as they gather
-    else:
-        _explain(weight, indices, offsets, per_sample_weights, mode, include_last_offset, padding_idx)
-    check_data(ws[0], indices, offsets)
-
-
-_INDEX = (torch.int32, torch.int64)
-_REDUCED = (torch.float16, torch.bfloat16, torch.uint8)  # rows.py's reduced-precision storage
-
-
-def table_ok(weight: Tensor) -> bool:
-    """A float32 or float64 table (PyTorch's), or a reduced-precision one (rows.py) that no gradient is asked of,
-    uint8 rows wide enough for their scale and bias."""
-    if weight.dtype is torch.float32 or weight.dtype is torch.float64:
-        return True
-    return weight.dtype in _REDUCED and not weight.requires_grad and (
-        weight.dtype is not torch.uint8 or (weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0))
-
-
-def out_dtype(weight: Tensor) -> torch.dtype:
-    """The output's (and per-sample weights') dtype: float32, float64 for a float64 table (PyTorch's way)."""
-    return torch.float64 if weight.dtype is torch.float64 else torch.float32
-
-
-def explain_table(op: str, weight: Tensor) -> None:
-    """Why a 2-D table is not one `table_ok` takes, as a clear error of operator `op`."""
-    need(weight.dtype in (torch.float32, torch.float64) + _REDUCED, op, "weight must be float32, float64, float16, "
-         f"bfloat16 or uint8 (FBGEMM's fused int8 rows), got {weight.dtype}", InvalidDtype)
-    if weight.dtype in _REDUCED:
-        need(not weight.requires_grad, op, f"a {weight.dtype} table is for inference: it cannot take a gradient "
-             "(train in float32, then quantize)")
-    if weight.dtype is torch.uint8:
-        need(weight.shape[1] > FUSED_BYTES and weight.shape[1] % 4 == 0, op,
-             f"uint8 weight must hold FBGEMM's fused int8 rows (dim values, then a float32 scale and bias: "
-             f"dim + 8 bytes, dim % 4 == 0), got rows of {weight.shape[1]} bytes")
-
-
 def table_dim(weight: Tensor) -> int:
     """The embedding dimension of a table: its width, less the scale and bias of fused int8 rows."""
     return weight.shape[1] - FUSED_BYTES if weight.dtype is torch.uint8 else weight.shape[1]
-
-
-def _explain(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor], mode: str,
-             include_last_offset: bool, padding_idx: Optional[int]) -> None:
-    need(mode in MODES, OP, f"mode must be one of {MODES}, got {mode!r}")
-    need(weight.dim() == 2, OP, f"weight must be 2-D (rows, dim), got shape {tuple(weight.shape)}")
-    explain_table(OP, weight)
-    for name, t in (("indices", indices), ("offsets", offsets)):
-        need(t.dtype in _INDEX, OP, f"{name} must be int32 or int64, got {t.dtype}", InvalidDtype)
-        need(t.dim() == 1, OP, f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    same_device_contiguous(OP, weight=weight, indices=indices, offsets=offsets, per_sample_weights=per_sample_weights)
-    if per_sample_weights is not None:
-        need(mode == "sum", OP, f"per_sample_weights is only supported with mode='sum', got mode={mode!r}")
-        need(per_sample_weights.dtype == out_dtype(weight), OP, f"per_sample_weights must be "
-             f"{out_dtype(weight)} for a {weight.dtype} weight, got {per_sample_weights.dtype}", InvalidDtype)
-        need(per_sample_weights.shape == indices.shape, OP,
-             f"per_sample_weights must have the shape of indices {tuple(indices.shape)}, "
-             f"got {tuple(per_sample_weights.shape)}")
-    rows = weight.shape[0]
-    if padding_idx is not None:
-        need(-rows <= padding_idx < rows, OP, f"padding_idx {padding_idx} is out of range for {rows} rows")
-    need(offsets.numel() >= int(include_last_offset), OP,
-         "offsets must hold at least one element with include_last_offset=True")
-
-
-def check_data(rows: int, indices: Tensor, offsets: Tensor) -> None:
-    """F.embedding_bag's checks of the data: indices in [0, rows), offsets from 0, non-decreasing, within the
-    indices. One pass over each tensor; where one fails, another finds the first culprit for the message."""
-    n = indices.numel()
-    lo, hi, first, last, ordered = _index_facts(indices, offsets)
-    if n and not (lo >= 0 and hi < rows):
-        i = indices.detach().cpu().numpy()
-        k = int(np.flatnonzero((i < 0) | (i >= rows))[0])
-        need(False, OP, f"indices must be in [0, {rows}), got values in [{lo}, {hi}] (index {int(i[k])} at "
-             f"position {k})", IndexOutOfRange)
-    if offsets.numel():
-        need(first == 0, OP, f"offsets[0] must be 0 (the first bag starts at the first index), got {first}")
-        if not ordered:
-            o = offsets.detach().cpu().numpy()
-            k = int(np.flatnonzero(o[1:] < o[:-1])[0])
-            need(False, OP, f"offsets must be non-decreasing, got offsets[{k + 1}] = {int(o[k + 1])} after "
-                 f"offsets[{k}] = {int(o[k])}")
-        need(last <= n, OP, f"offsets[-1] = {last} exceeds the number of indices ({n})")
 
 
 def _check_ordered(offsets: Tensor) -> None:
@@ -152,28 +53,6 @@ def _check_ordered(offsets: Tensor) -> None:
     only, on PyTorch's path only: the kernels check their bags themselves)."""
     o = offsets.detach().numpy()
     need(bool((o[1:] >= o[:-1]).all()), OP, "offsets must be non-decreasing")
-
-
-def _index_facts(indices: Tensor, offsets: Tensor) -> tuple[int, int, int, int, bool]:
-    """(min index, max index, offsets[0], offsets[-1], offsets non-decreasing): the data checks' inputs, read in
-    one pass per tensor. On the CPU through NumPy views (a few small torch ops would cost several times more
-    per call); on a GPU with one synchronisation."""
-    n, b = indices.numel(), offsets.numel()
-    if indices.device.type != "cpu":
-        return _index_facts_device(indices, offsets)
-    i, o = indices.detach().numpy(), offsets.detach().numpy()
-    return (int(i.min()) if n else 0, int(i.max()) if n else 0, int(o[0]) if b else 0, int(o[-1]) if b else 0,
-            bool((o[1:] >= o[:-1]).all()))
-
-
-def _index_facts_device(indices: Tensor, offsets: Tensor) -> tuple[int, int, int, int, bool]:
-    n, b = indices.numel(), offsets.numel()
-    zero = indices.new_zeros(())
-    lo, hi = torch.aminmax(indices) if n else (zero, zero)
-    ends = offsets[[0, -1]].to(indices.dtype) if b else zero.expand(2)
-    ordered = (offsets[1:] >= offsets[:-1]).all().to(indices.dtype)
-    lo, hi, first, last, ok = torch.stack([lo, hi, ends[0], ends[1], ordered]).tolist()
-    return lo, hi, first, last, bool(ok)
 
 
 def fake(weight: Tensor, indices: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None,

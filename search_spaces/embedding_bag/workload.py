@@ -360,30 +360,52 @@ def first_out_of_range(indices: Any, rows: Any) -> int | None:
     return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
 
 
-_need = needs("embedding_bag")
+_need = needs("autotune.embedding_bag")  # the torch op's messages: check_data serves it (checks.py) too
 
 
-def check_inputs(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> None:
-    """Raise a clear error for tensors that would make the kernel read out of bounds or compute garbage: first
-    what this workload's kernel needs (dtypes, dimension, options compiled in), then F.embedding_bag's own
-    semantics (the torch op's check, and here also on the CPU the data checks the kernel makes itself: indices
-    in range, well-formed offsets), so that bad input never reaches the kernel."""
-    from .torch_op import check, check_data  # imports torch: not at module level
+def check_data(rows: int, indices: Any, offsets: Any) -> None:
+    """F.embedding_bag's checks of the data: indices in [0, rows), offsets from 0, non-decreasing, within the
+    indices. One pass over each tensor; where one fails, another finds the first culprit for the message. What
+    the CPU kernels check themselves as they gather (`after_call` explains their flag with it)."""
+    n = indices.numel()
+    lo, hi, first, last, ordered = _index_facts(indices, offsets)
+    if n and not (lo >= 0 and hi < rows):
+        i = indices.detach().cpu().numpy()
+        k = int(np.flatnonzero((i < 0) | (i >= rows))[0])
+        _need(False, f"indices must be in [0, {rows}), got values in [{lo}, {hi}] (index {int(i[k])} at "
+              f"position {k})", IndexOutOfRange)
+    if offsets.numel():
+        _need(first == 0, f"offsets[0] must be 0 (the first bag starts at the first index), got {first}")
+        if not ordered:
+            o = offsets.detach().cpu().numpy()
+            k = int(np.flatnonzero(o[1:] < o[:-1])[0])
+            _need(False, f"offsets must be non-decreasing, got offsets[{k + 1}] = {int(o[k + 1])} after "
+                  f"offsets[{k}] = {int(o[k])}")
+        _need(last <= n, f"offsets[-1] = {last} exceeds the number of indices ({n})")
 
-    tensors = {"weight": weight, "indices": indices, "offsets": offsets}
-    if per_sample_weights is not None:
-        tensors["per_sample_weights"] = per_sample_weights
-    check_tensors(_need, tensors)
-    check_table(_need, weight, w.rows_format, "rows")
-    check_index_tensors(_need, w.index_dtype, indices, offsets)
-    _need(offsets.numel() >= 1 + int(w.include_last_offset), "offsets is too short for one bag")
-    if w.per_sample_weights:
-        _need(per_sample_weights is not None, "this kernel was tuned with per_sample_weights; pass them")
-    else:
-        _need(per_sample_weights is None, "this kernel was tuned without per_sample_weights")
-    check(weight, indices, offsets, per_sample_weights, w.mode, w.include_last_offset, w.padding_idx)
-    if indices.device.type == "cpu":  # (check itself reads a GPU's indices)
-        check_data(weight.shape[0], indices, offsets)
+
+def _index_facts(indices: Any, offsets: Any) -> tuple[int, int, int, int, bool]:
+    """(min index, max index, offsets[0], offsets[-1], offsets non-decreasing): the data checks' inputs, read in
+    one pass per tensor. On the CPU through NumPy views (a few small torch ops would cost several times more
+    per call); on a GPU with one synchronisation."""
+    n, b = indices.numel(), offsets.numel()
+    if indices.device.type != "cpu":
+        return _index_facts_device(indices, offsets)
+    i, o = indices.detach().numpy(), offsets.detach().numpy()
+    return (int(i.min()) if n else 0, int(i.max()) if n else 0, int(o[0]) if b else 0, int(o[-1]) if b else 0,
+            bool((o[1:] >= o[:-1]).all()))
+
+
+def _index_facts_device(indices: Any, offsets: Any) -> tuple[int, int, int, int, bool]:
+    import torch
+
+    n, b = indices.numel(), offsets.numel()
+    zero = indices.new_zeros(())
+    lo, hi = torch.aminmax(indices) if n else (zero, zero)
+    ends = offsets[[0, -1]].to(indices.dtype) if b else zero.expand(2)
+    ordered = (offsets[1:] >= offsets[:-1]).all().to(indices.dtype)
+    lo, hi, first, last, ok = torch.stack([lo, hi, ends[0], ends[1], ordered]).tolist()
+    return lo, hi, first, last, bool(ok)
 
 
 def pack(w: Any, cfg: Any, *weights: Any) -> tuple[Any, ...]:
@@ -457,7 +479,5 @@ def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
     that costs a pass over them, but only once a call has failed."""
     code = flagged(args[-1])
     if code:
-        from .torch_op import check_data
-
         check_data(args[0].shape[0], args[1], args[2])
         raise flag_error(code, "embedding_bag")

@@ -1,19 +1,19 @@
 """DLRM dot interaction: pairwise dot products of one sample's features, fused with the dense concatenation.
 
 The template of `search_spaces.Template`: workload.py holds the semantics (DLRM's `interact_features`, see
-there), inputs, reference and checks; cpu.py the fused CPU kernel (one pass per sample, features staged in
-L1, only the kept dot products computed, each output element written once) and its knobs; cuda.py the
-thread-level CUDA kernel (shared-memory staging, register tiles, warp shuffles) and its knobs.
+there), inputs and reference; checks.py what the op accepts (imports torch); cpu.py the fused CPU kernel (one
+pass per sample, features staged in L1, only the kept dot products computed, each output element written once)
+and its knobs; cuda.py the thread-level CUDA kernel (shared-memory staging, register tiles, warp shuffles) and
+its knobs.
 """
 
 from __future__ import annotations
 
-
+from typing import Any
 
 from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
-from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, pack, reference, tolerance,
-                       traffic)
+from .workload import Workload, baselines, inputs, kernel_args, pack, reference, tolerance, traffic
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "REFERENCE_PRECISION", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines",
            "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
@@ -31,6 +31,13 @@ REFERENCE_PRECISION = "float64"
 
 
 space, lower = by_device(cpu, cuda)  # the target picks cpu.py or cuda.py
+
+
+def check_inputs(w: Workload, *tensors: Any) -> None:
+    """Raise a clear error for tensors the kernel cannot take (checks.py, imports torch)."""
+    from .checks import check_inputs as check
+
+    check(w, *tensors)
 
 
 def torch_binding() -> TorchBinding:

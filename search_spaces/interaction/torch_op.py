@@ -13,39 +13,16 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .._torch_checks import fits, need, same_device_contiguous
-from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
+from ..template import ModuleRule, Route, TorchBinding
+from .checks import check
 from .workload import Workload, dot_interaction, inputs
 
-__all__ = ["BINDING", "DotInteraction", "check", "interaction", "quarter_turn"]
-
-OP = "interaction"
+__all__ = ["BINDING", "DotInteraction", "interaction", "quarter_turn"]
 
 
 def interaction(x: Tensor, ly: Tensor, self_interaction: bool = False, validate: bool = True) -> Tensor:
     """DLRM's dot interaction: cat([x, tril(T T^T)]) with T = [x, ly[:, 0], ..., ly[:, tables-1]] per sample."""
     return dot_interaction(x, ly, self_interaction)
-
-
-def check(x: Tensor, ly: Tensor, self_interaction: bool = False, validate: bool = True) -> None:
-    """What the op's PyTorch semantics reject, as clear errors (shapes, one floating dtype, one device).
-    Metadata only, in one expression; `_explain` says what is wrong when it fails."""
-    xs, ls = x.shape, ly.shape
-    if (len(xs) == 2 and len(ls) == 3 and ls[0] == xs[0] and ls[2] == xs[1] and x.dtype is ly.dtype
-            and x.is_floating_point() and fits(x, ly)):
-        return
-    _explain(x, ly)
-
-
-def _explain(x: Tensor, ly: Tensor) -> None:
-    need(x.dim() == 2, OP, f"x must be 2-D (batch, dim), got shape {tuple(x.shape)}")
-    need(ly.dim() == 3, OP, f"ly must be 3-D (batch, tables, dim): the embeddings stacked, got {tuple(ly.shape)}")
-    need(x.is_floating_point() and ly.dtype == x.dtype, OP,
-         f"x and ly must be floating point of one dtype, got {x.dtype} and {ly.dtype}", InvalidDtype)
-    need(ly.shape[0] == x.shape[0] and ly.shape[2] == x.shape[1], OP,
-         f"ly must be ({x.shape[0]}, tables, {x.shape[1]}) for x of shape {tuple(x.shape)}, got {tuple(ly.shape)}"
-         + (f": ly has batch {ly.shape[0]} but x has {x.shape[0]}" if ly.shape[0] != x.shape[0] else ""))
-    same_device_contiguous(OP, x=x, ly=ly)
 
 
 def _pairs(features: Any, self_interaction: bool) -> Any:

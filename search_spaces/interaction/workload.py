@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..space import Config
-from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+from ..template import Traffic, Workload as _Workload, WorkloadError
 
 MODES = ("dot", "cat")
 DTYPES = ("float32",)
@@ -109,45 +109,6 @@ def cat_interaction(x: Any, ly: Any) -> Any:
 def reference(w: Workload, x: Any, ly: Any) -> Any:
     """DLRM's interact_features; `ly` is a list of T (B, D) tensors (as DLRM passes it) or a stacked (B, T, D)."""
     return cat_interaction(x, ly) if w.mode == "cat" else dot_interaction(x, ly, w.self_interaction)
-
-
-def check_inputs(w: Workload, x: Any, ly: Any) -> None:
-    """Raise a clear error for tensors the kernel cannot take (any batch size works; any one device)."""
-    import torch
-
-    def need(cond: bool, msg: str, exc: type[Exception] = InvalidInput) -> None:
-        if not cond:
-            raise exc(f"interaction: {msg}")
-
-    def same_device(name: str, t: Any) -> None:
-        need(t.device == x.device, f"{name} is on {t.device} but x is on {x.device}: all inputs must be on one device")
-
-    need(isinstance(x, torch.Tensor), f"x must be a torch.Tensor, got {type(x).__name__}", TypeError)
-    need(x.dtype == torch.float32, f"x must be float32, got {x.dtype}", InvalidDtype)
-    need(x.dim() == 2 and x.shape[1] == w.dim, f"x must be (batch, {w.dim}), got {tuple(x.shape)}")
-    need(x.is_contiguous(), "x must be contiguous")
-    batch = x.shape[0]
-    if x.device.type == "cuda":  # the CUDA kernels index with 32-bit integers
-        need(batch * max(w.tables * w.dim, w.out_dim) < 2**31,
-             f"batch {batch} is too large for one CUDA call at this shape (32-bit indexing): split the batch")
-    if isinstance(ly, torch.Tensor):  # what this kernel needs, then the op's own semantics (the torch op's check)
-        from .torch_op import check  # imports torch: not at module level
-
-        need(ly.dtype == torch.float32, f"ly must be float32, got {ly.dtype}", InvalidDtype)
-        same_device("ly", ly)
-        need(ly.dim() == 3 and tuple(ly.shape[1:]) == (w.tables, w.dim),
-             f"stacked ly must be (batch, {w.tables}, {w.dim}), got {tuple(ly.shape)}")
-        check(x, ly)
-        return
-    need(isinstance(ly, (list, tuple)),
-         f"ly must be a list of {w.tables} (batch, {w.dim}) tensors or a (batch, {w.tables}, {w.dim}) tensor, "
-         f"got {type(ly).__name__}", TypeError)
-    need(len(ly) == w.tables, f"ly must hold {w.tables} tensors (one per table), got {len(ly)}")
-    for k, e in enumerate(ly):
-        need(isinstance(e, torch.Tensor), f"ly[{k}] must be a torch.Tensor, got {type(e).__name__}", TypeError)
-        need(e.dtype == torch.float32, f"ly[{k}] must be float32, got {e.dtype}", InvalidDtype)
-        same_device(f"ly[{k}]", e)
-        need(tuple(e.shape) == (batch, w.dim), f"ly[{k}] must be ({batch}, {w.dim}), got {tuple(e.shape)}")
 
 
 def pack(w: Workload, cfg: Config, *weights: Any) -> tuple[Any, ...]:

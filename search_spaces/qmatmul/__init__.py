@@ -1,8 +1,9 @@
 """Quantized matmul as DLRM's MLPs use it: `Y = epilogue(A @ W.T)` with W stored (N, K) like nn.Linear.
 
 int8 x int8 -> exact int32 accumulation with a fused dequant/bias/ReLU epilogue, or fp32 x int8 weight-only
-(workload.py has the semantics). The weight is packed once into the layout the config's kernel reads: CPU
-register tiles in cpu.py, CUDA thread-block tiles (tensor cores, dp4a or plain) in cuda.py.
+(workload.py has the semantics, checks.py what the op accepts). The weight is packed once into the layout the
+config's kernel reads: CPU register tiles in cpu.py, CUDA thread-block tiles (tensor cores, dp4a or plain) in
+cuda.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Sequence
 from ..space import Config, InvalidConfig, Space
 from ..template import GraphRule, TorchBinding, is_gpu
 from . import cpu, cuda
-from .workload import Workload, baselines, check_inputs, inputs, padded_args, reference, tolerance, traffic
+from .workload import Workload, baselines, inputs, padded_args, reference, tolerance, traffic
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
            "graph_rules", "inputs", "kernel_args", "lower", "pack", "padded_dims", "reference", "space", "tolerance",
@@ -64,6 +65,13 @@ def padded_dims(w: Workload, cfg: Config) -> tuple[int, int, int]:
     dims = _device_of(cfg).padded(w, cfg)
     _PADDED[(id(w), id(cfg))] = (w, cfg, dims)
     return dims
+
+
+def check_inputs(w: Workload, *tensors: Any) -> None:
+    """Raise a clear error for tensors the kernel cannot take (checks.py, imports torch)."""
+    from .checks import check_inputs as check
+
+    check(w, *tensors)
 
 
 def torch_binding() -> TorchBinding:

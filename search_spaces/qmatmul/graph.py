@@ -19,26 +19,24 @@ per instruction of the exact 8-bit path. Elsewhere (VNNI, GPUs) they use all 8.
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
-from .._graph import (attr, has_op, insertion_point, is_call, register, scalar_arg, sole_user, tensor_value, where,
-                      workload_error)
-from ..qmatmul_requant.workload import Workload as RequantWorkload
+from .. import get as template
+from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
+                      tensor_value, where, workload_error)
+from ..quantize_rows.workload import quantize_rows
 from ..template import GraphMatch, GraphRule, Kept, Reduced
-from .torch_op import quantize_rows
-from .workload import Workload, a_range
+from .workload import a_range
 
 __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
 
 aten = torch.ops.aten
 RULE = "qmatmul"
 RELUS = (aten.relu.default, aten.relu_.default)
-_WORKLOADS = {RULE: Workload, "qmatmul_requant": RequantWorkload}  # the ops a chain runs: their fields' checks
 # Below these, int8 gains nothing: the layer is a few FLOPs per row (DLRM's 13-feature input layer, its 1-wide
 # output layer) and per-row quantization plus a second kernel launch cost more than the fp32 GEMM saves; int8 on
 # so few inputs (or outputs) also loses more accuracy relative to the work done. Such a layer alone stays fp32;
@@ -65,14 +63,9 @@ def _why_not(k: int, n: int) -> str:
     return ""
 
 
-@functools.cache
 def _host_has_avx512_vnni() -> bool:
-    """Whether this machine's CPU has AVX-512 VNNI (Linux's /proc/cpuinfo flags; False where unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
+    """Whether this machine's CPU has AVX-512 VNNI."""
+    flags = host_cpu_flags()
     return "avx512_vnni" in flags and "avx512bw" in flags
 
 
@@ -252,9 +245,9 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if missing:
             yield Kept(RULE, where(nodes), f"torch.ops.autotune.{missing[0]} is not registered (import autotune.torch)")
             continue
-        plan = _plan(chain)
+        plan = _plan(chain)  # ops by name, as tasks name them (qmatmul_requant builds on qmatmul: never imported)
         why = next((f"{layer.what()}: {e}" for layer, (op, fields) in zip(chain, plan)
-                    if (e := workload_error(_WORKLOADS[op], fields))), "")
+                    if (e := workload_error(template(op).Workload, fields))), "")
         if why:
             yield Kept(RULE, where(nodes), why)
             continue

@@ -153,32 +153,6 @@ def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
     return out
 
 
-def check_inputs(w: Workload, *tensors: Any) -> None:
-    """Raise a clear error for tensors this workload's kernel cannot take: first what it needs (the tensors of
-    its mode and options, its M, K and N), then the op's own semantics (the torch op's check: dtypes, scales,
-    one device, contiguity)."""
-    import torch
-
-    from .torch_op import check, op_arguments  # imports torch: not at module level
-
-    def need(cond: bool, msg: str, exc: type[Exception] = ValueError) -> None:
-        if not cond:
-            raise exc(f"qmatmul: {msg}")
-
-    names = (["a", "weight", "a_scale", "w_scale"] if w.mode == "int8" else ["a", "weight", "w_scale"])
-    names += ["bias"] if w.bias else []
-    need(len(tensors) == len(names), f"expected ({', '.join(names)}), got {len(tensors)} tensors", TypeError)
-    t = dict(zip(names, tensors))
-    for name, x in t.items():
-        need(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor", TypeError)
-    a_dtype = torch.int8 if w.mode == "int8" else torch.float32
-    need(t["a"].dtype == a_dtype, f"a must be {a_dtype}, got {t['a'].dtype}", TypeError)
-    need(tuple(t["a"].shape) == (w.m, w.k), f"a must be ({w.m}, {w.k}), got {tuple(t['a'].shape)}")
-    need(tuple(t["weight"].shape) == (w.n, w.k), f"weight must be ({w.n}, {w.k}), got {tuple(t['weight'].shape)}")
-    args, kwargs = op_arguments(w, tensors)
-    check(*args, **kwargs)
-
-
 # ---- padding to whole tiles (the tile sizes come from the config's device module) ------------------------------
 def padded_weight(w: Workload, dims: tuple[int, int, int], weight: Any) -> Any:
     """The (N, K) weight zero-padded to (np_, kp) of the padded `dims` (mp, kp, np_), on the weight's device:

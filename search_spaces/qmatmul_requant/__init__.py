@@ -2,14 +2,14 @@
 `(q, scale) = quantize_rows(qmatmul(a, ...), out_qmax)`.
 
 In an int8 MLP each layer's output is the next layer's input, quantized per row. As two ops, the float32
-output goes to memory and comes back for the quantize kernel: in the Criteo-shaped DLRM on a 2-core CPU each
-such quantize_rows took 0.5-1.0 ms in the model against 0.15-0.3 ms alone. Here a CPU task owns whole rows
+output goes to memory and comes back for the quantize kernel, which then took several times longer in the
+Criteo-shaped DLRM than alone (benchmarks/WHOLE_MODEL.md). Here a CPU task owns whole rows
 and quantizes the rows it just computed, still in its cache; the float32 rows never leave the task. An MLP's
 head layer with too few inputs for int8 activations (DLRM's 13 dense features) runs weight-only, float32
 inputs x int8 weights, and quantizes its output the same way.
 
-workload.py: fields, semantics, checks; cpu.py / cuda.py: qmatmul's kernels with the quantizing epilogue
-(`out_qmax` of qmatmul's compute and schedules).
+workload.py: fields, semantics (its input checks are qmatmul's: qmatmul/checks.py); cpu.py / cuda.py: qmatmul's
+kernels with the quantizing epilogue (`out_qmax` of qmatmul's compute and schedules).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from ..qmatmul import pack as _pack, padded_dims
 from ..space import Config
 from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
-from .workload import (Workload, baselines, check_inputs, inputs, kernel_args as _kernel_args, reference, tolerance,
-                       traffic)
+from .workload import Workload, baselines, inputs, kernel_args as _kernel_args, reference, tolerance, traffic
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
            "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
@@ -42,6 +41,13 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
     return _kernel_args(w, padded_dims(w, cfg), packed, *tensors)
+
+
+def check_inputs(w: Workload, *tensors: Any) -> None:
+    """qmatmul's (qmatmul/checks.py, imports torch): the same operands."""
+    from ..qmatmul.checks import check_inputs as check
+
+    check(w, *tensors)
 
 
 def torch_binding() -> TorchBinding:

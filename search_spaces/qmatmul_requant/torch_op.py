@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from .._torch_checks import need
-from ..qmatmul.torch_op import cases as _qmatmul_cases, check_operands, replayable, run_chunk
+from ..qmatmul.checks import check_operands
+from ..qmatmul.torch_op import cases as _qmatmul_cases, replayable, run_chunk
 from ..qmatmul.workload import qmatmul_reference
 from ..quantize_rows.workload import QMAX, QMIN, quantize_rows
 from ..template import Route, TorchBinding

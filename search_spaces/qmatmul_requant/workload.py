@@ -17,7 +17,7 @@ from ..qmatmul import workload as _qmatmul
 from ..quantize_rows.workload import QMAX, QMIN, quantize_rows
 from ..template import Traffic, WorkloadError
 
-__all__ = ["Workload", "baselines", "check_inputs", "inputs", "kernel_args", "reference", "tolerance", "traffic"]
+__all__ = ["Workload", "baselines", "inputs", "kernel_args", "reference", "tolerance", "traffic"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,6 @@ def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
         if "fbgemm" not in name:
             out[f"{name} + quantize_rows"] = lambda f=f: quantize_rows(f(), w.out_qmax)
     return out
-
-
-def check_inputs(w: Workload, *tensors: Any) -> None:
-    _qmatmul.check_inputs(w, *tensors)
 
 
 def kernel_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any

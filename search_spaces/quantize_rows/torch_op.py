@@ -14,35 +14,17 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from .._torch_checks import need
-from ..template import InvalidDtype, Route, TorchBinding
-from .workload import QMAX, QMIN, Workload, inputs, quantize_rows as _quantize_rows
+from ..template import Route, TorchBinding
+from .checks import check
+from .workload import QMAX, Workload, inputs, quantize_rows as _quantize_rows
 
-__all__ = ["BINDING", "check", "quantize_rows"]
-
-OP = "quantize_rows"
+__all__ = ["BINDING", "quantize_rows"]
 
 
 def quantize_rows(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
     """Symmetric int8 per row of a (rows, cols) float32 x: (q = round(x / scale) in [-qmax, qmax] (half to
     even), scale = max(max |x_row|, 1e-12) / qmax, float32 (rows,)). qmax=63: 7-bit activations."""
     return _quantize_rows(x, qmax)
-
-
-def check(x: Tensor, qmax: int = QMAX, validate: bool = True) -> None:
-    """Metadata only (no pass over the data): a 2-D float32 contiguous tensor and a range int8 holds. One
-    expression on the fast path; `_explain` says what is wrong when it fails."""
-    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and QMIN <= qmax <= QMAX:
-        return
-    _explain(x, qmax)
-
-
-def _explain(x: Tensor, qmax: int) -> None:
-    need(x.dim() == 2, OP, f"x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
-    need(x.dtype == torch.float32, OP, f"x must be float32, got {x.dtype}", InvalidDtype)
-    need(x.is_contiguous(), OP, "x must be contiguous (call .contiguous() on it)")
-    need(QMIN <= qmax <= QMAX, OP, f"qmax must be in [{QMIN}, {QMAX}] (q is int8, symmetric), got {qmax}"
-         + (" (the second argument is qmax now: pass validate= by keyword)" if qmax in (0, 1) else ""))
 
 
 def fake(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,4 @@
-"""Row-wise symmetric int8 quantization: workload, semantics, inputs, checks, kernel arguments. No TVM import.
+"""Row-wise symmetric int8 quantization: workload, semantics, inputs, kernel arguments. No TVM import.
 
 Per row r of a float32 (rows, cols) matrix x, with qmax the workload's range (127 by default):
     scale[r] = max(max_c |x[r, c]|, 1e-12) / qmax                       (float32, IEEE division)
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..space import Config
-from ..template import InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
+from ..template import Traffic, Workload as _Workload, WorkloadError
 
 QMAX = 127  # the default symmetric range [-127, 127]: -128 is never produced, so negation stays in range
 # The smallest range: 1 would be ternary, and it is what the op's old call `quantize_rows(x, True)` (validate,
@@ -82,19 +82,6 @@ def baselines(w: Workload, x: Any) -> dict[str, Callable[[], Any]]:
         return t.round_().clamp_(-w.qmax, w.qmax).to(torch.int8), scale
 
     return {"torch eager": lambda: quantize_rows(x, w.qmax), "torch eager (in place)": in_place}
-
-
-def check_inputs(w: Workload, x: Any) -> None:
-    """What this workload's kernel needs (a (rows, cols) float32 tensor, any rows), then the op's own checks."""
-    import torch
-
-    from .torch_op import check  # imports torch: not at module level
-
-    if not isinstance(x, torch.Tensor):
-        raise InvalidDtype(f"quantize_rows: x must be a torch.Tensor, got {type(x).__name__}")
-    check(x, w.qmax)
-    if x.shape[1] != w.cols:
-        raise InvalidInput(f"quantize_rows: x must have {w.cols} columns for this kernel, got {tuple(x.shape)}")
 
 
 def pack(w: Workload, cfg: Config, *weights: Any) -> tuple[Any, ...]:

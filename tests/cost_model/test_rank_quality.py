@@ -8,26 +8,13 @@ about chance, 0.5).
 from __future__ import annotations
 
 import collections
-import importlib.util
-import sys
 from pathlib import Path
 
 from autotune import records
 from autotune.tuner import AUTO_FEATURES
+from benchmarks import rank_quality as rq
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_benchmark():
-    path = ROOT / "benchmarks" / "rank_quality.py"
-    spec = importlib.util.spec_from_file_location("rank_quality", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rq = _load_benchmark()
 
 # Operator and device groups of the shipped logs with enough records to score: 150 usable records (over 2+
 # shapes, ~30% held out per shape) put a few hundred pairs in each held-out shape.

@@ -592,11 +592,9 @@ def eb_package(tmp_path, cpu_builder):
 
 
 def test_the_torch_op_checks_cpu_data_in_the_kernel_not_before_it(eb_package, monkeypatch):
-    from search_spaces.embedding_bag import torch_op
-
     op = torch.ops.autotune.embedding_bag
     weight, idx, off, _ = bad_bags()
-    monkeypatch.setattr(torch_op, "_index_facts", lambda *a: pytest.fail("a pass over the data before the call"))
+    monkeypatch.setattr(eb_workload, "_index_facts", lambda *a: pytest.fail("a pass over the data before the call"))
     torch.testing.assert_close(op(weight, idx, off), F.embedding_bag(idx, weight, off, mode="sum"))
     assert eb_package == [1]
     monkeypatch.undo()

@@ -139,6 +139,36 @@ def test_int8_rows_pooled_into_the_scratch_add_their_bias_once_per_row(fields):
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_table_batched_int8_rows_in_the_scratch_add_their_bias_once_per_row(mode):
+    """The table-batched kernel as embedding_bag's: into the scratch, a row's bias once (a column of its own);
+    into the output (sum), per element; a row out of its table adds nothing, its bias neither, and is flagged."""
+    task = make_task("batched_embedding_bag", "cpu", rows=(50, 7, 30), dim=32, batch=9, pooling=(0, 9), mode=mode,
+                     dtype="int8")
+    w, tensors = task.workload, tbe.inputs(task.workload, seed=4)
+    accumulators = ("local", "output") if mode == "sum" else ("local",)
+    for unroll, accumulator in [(u, a) for u in (4, 1) for a in accumulators]:
+        cfg = task.space.make({**task.space.default().to_json(), "unroll": unroll, "accumulator": accumulator})
+        script = tbe.lower(w, cfg, task.device.target()).script()
+        split = accumulator == "local"
+        assert ('"acc_bias"' in script) == split and ('"acc_tail_bias"' in script) == (split and unroll > 1)
+        torch.testing.assert_close(run(task, cfg, *tensors), tbe.reference(w, *tensors), rtol=1e-5, atol=1e-5,
+                                   msg=str(cfg))
+    weight, table_offsets, indices, offsets = tensors  # TBE layout: table-major bags, each table's own rows
+    at = int(offsets[w.batch])  # table 1's first index (7 rows)
+    assert at < int(offsets[2 * w.batch])
+    bad = indices.clone()
+    bad[at] = 7
+    cfg = task.space.make({**task.space.default().to_json(), "unroll": 4, "accumulator": "local"})
+    args, out = task.kernel_args(cfg, (), (weight, table_offsets, bad, offsets))
+    compile_module(task, cfg)["main"](*args)
+    assert int(args[-1].numpy()[0]) != 0  # flagged
+    if mode == "sum":  # the bad row pools nothing: as if its bag lacked it (a mean would count it)
+        kept = torch.cat([indices[:at], indices[at + 1:]])
+        shifted = torch.where(torch.arange(offsets.numel()) > w.batch, offsets - 1, offsets)
+        torch.testing.assert_close(out, tbe.reference(w, weight, table_offsets, kept, shifted), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["sm_90"])
 def test_gpu_kernels_of_reduced_tables_build_within_the_device_limits(gpu_builder, arch):
     for dtype in REDUCED:

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import package
-from .build import Built
-from .measure import HARNESS, Measured, Timing, check_anchor
-from .offline_measure import BATCH, RESULTS, _write_json
-from .task import Task
+from .. import package
+from ..build import Built
+from ..runtime import HARNESS, Timing
+from ..task import Task
+from . import offline_device
+from .base import Measured
+from .common import check_anchor, say_on_stderr
+from .offline_device import BATCH, RESULTS, write_json
 
 
 class OfflineTimeout(TimeoutError):
@@ -28,6 +30,9 @@ class OfflineTimeout(TimeoutError):
 
 
 class OfflineRunner:
+    """Hands each batch to a device through the directory `root` and waits (`wait_s`; None: as long as it takes,
+    looking every `poll_s`) for its results; `say` tells the user what to run there (default: stderr)."""
+
     def __init__(self, root: str | Path, timing: Timing = Timing(), poll_s: float = 1.0,
                  wait_s: float | None = None, say: Callable[[str], None] | None = None):
         check_anchor(timing, gpu=False, runner="the offline runner")
@@ -35,7 +40,7 @@ class OfflineRunner:
         self.timing = timing
         self.poll_s = poll_s
         self.wait_s = wait_s  # None: wait as long as it takes
-        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.say = say or say_on_stderr
         self._ready_for: set[str] = set()
 
     def _prepare(self, task: Task) -> None:
@@ -43,7 +48,7 @@ class OfflineRunner:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         package.write_support_files(self.root, [task.op], gpu=task.device.is_gpu)
-        shutil.copy2(Path(__file__).with_name("offline_measure.py"), self.root / "measure.py")
+        shutil.copy2(offline_device.__file__, self.root / "measure.py")  # the device-side script
         self._ready_for.add(task.op)
 
     def _next_batch_dir(self) -> Path:
@@ -66,7 +71,7 @@ class OfflineRunner:
                 "l2_bytes": task.device.gpu.l2_bytes if task.device.gpu else 0, "seed": self.timing.seed,
                 "timing": asdict(self.timing),
                 "candidates": candidates}
-        _write_json(batch / BATCH, spec)  # written last: a watcher never sees a half-written batch
+        write_json(batch / BATCH, spec)  # written last: a watcher never sees a half-written batch
         return batch
 
     def measure(self, task: Task, built: Sequence[Built]) -> list[Measured]:
@@ -80,7 +85,7 @@ class OfflineRunner:
             for i, b in enumerate(ready):
                 r = by_id.get(i, {"costs": [], "error_kind": HARNESS, "error": "missing from results.json"})
                 outcome[id(b)] = Measured(b, tuple(r["costs"]), r["error_kind"], r["error"])
-        return [outcome.get(id(b)) or Measured(b, (), b.error_kind, b.error) for b in built]
+        return [outcome.get(id(b)) or Measured.unbuilt(b) for b in built]
 
     def _wait(self, path: Path) -> dict[str, Any]:
         deadline = None if self.wait_s is None else time.monotonic() + self.wait_s

@@ -2,7 +2,7 @@
 
 The tuner builds here (cross-compiling for the devices' target); each candidate's library is uploaded to a
 server registered under KEY, which must be an `autotune rpc server`: TVM's server plus two functions that run
-the local runner's code there (`measure._measure_one`, the measurement core). The server makes the task's
+the local runner's code there (`common.measure_here`, the measurement core). The server makes the task's
 inputs and reference once per session, then for each candidate calls it once through the user's call path,
 compares with the reference and times that same call, so a farm's figures are the local runner's. TVM's
 stock server can only time with `time_evaluator` (not what a user's call costs) and is refused with a clear
@@ -27,19 +27,21 @@ import json
 import os
 import pickle
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
-from .build import Built, _last_lines
-from .measure import HARNESS, Measured, Timing, _measure_one, check_anchor, harness_error, task_data
-from .task import Task
+from ..build import Built, describe_error, last_lines
+from ..runtime import HARNESS, Timing
+from ..task import Task
+from .base import Measured
+from .common import call, check_anchor, discard, harness_error, measure_here, say_on_stderr, task_data
 
 DEFAULT_TRACKER_PORT = 9190
-PREPARE, MEASURE = "autotune.rpc.prepare", "autotune.rpc.measure"  # registered by `autotune rpc server`
+# Registered by `autotune rpc server`: names on the wire between tuner and server, not module paths.
+PREPARE, MEASURE = "autotune.rpc.prepare", "autotune.rpc.measure"
 
 
 class RPCUnavailable(ConnectionError):
@@ -203,7 +205,7 @@ def _measure_remote(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tup
         _SESSION["sess"].upload(lib, name)
         costs, kind, msg = json.loads(_SESSION["measure"](name, _request(task, cfg, timing)))
     except Exception as err:  # the session died (the candidate or the server), or our server function failed
-        msg = f"{type(err).__name__}: {_last_lines(str(err))}"
+        msg = describe_error(err)
         if not _alive():
             _close_session()
             return (), "crash", msg, "lost"
@@ -241,7 +243,7 @@ class RPCRunner:
         self.retries = retries
         self.max_parallel = max_parallel
         self.wait_s = wait_s
-        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.say = say or say_on_stderr
         self.on_dispatch = on_dispatch
         self._workers: list[Any] = []
         self._refused: list[StockServer] = []
@@ -258,7 +260,7 @@ class RPCRunner:
         return self._workers[i]
 
     def measure(self, task: Task, built: Sequence[Built]) -> list[Measured]:
-        done: dict[int, Measured] = {id(b): Measured(b, (), b.error_kind, b.error) for b in built if b.lib is None}
+        done: dict[int, Measured] = {id(b): Measured.unbuilt(b) for b in built if b.lib is None}
         queue = collections.deque(_Item(b) for b in built if b.lib is not None)
         session_timeout = self.prepare_timeout + self.timeout * len(queue) * (self.retries + 1)
         lock = threading.Lock()
@@ -294,15 +296,8 @@ class RPCRunner:
         finally:
             for b in built:
                 if b.lib is not None:
-                    try:
-                        os.unlink(b.lib)
-                    except OSError:
-                        pass
+                    discard(b.lib)
         return [done[id(b)] for b in built]
-
-    def _call(self, worker: Any, fn: Any, args: tuple[Any, ...], timeout: float) -> Any:
-        worker.send(fn, args, timeout=timeout)
-        return worker.recv()
 
     def _slot(self, worker: Any, task: Task, queue: collections.deque, done: dict[int, Measured],
               lock: threading.Lock, session_timeout: float) -> None:
@@ -317,14 +312,14 @@ class RPCRunner:
                 if opened and not self._free_server():
                     break  # lost ours and none is free: the other slots finish the batch
                 try:
-                    server = self._call(worker, _open_session, (self.farm, task, self.timing.seed, session_timeout),
-                                        self.prepare_timeout)
+                    server = call(worker, _open_session, (self.farm, task, self.timing.seed, session_timeout),
+                                  self.prepare_timeout)
                     opened += 1
                 except StockServer as err:  # refused for the whole run: `measure` raises it
                     self._refused.append(err)
                     break
                 except Exception as err:  # no server within prepare_timeout, or it died while we connected
-                    self.say(f"rpc: could not open a session on a {self.farm.key} server: {_last_lines(str(err), 1)}")
+                    self.say(f"rpc: could not open a session on a {self.farm.key} server: {last_lines(str(err), 1)}")
                     break
             with lock:
                 if not queue:
@@ -334,8 +329,8 @@ class RPCRunner:
             if self.on_dispatch is not None:
                 self.on_dispatch(server, b.config)
             try:
-                costs, kind, msg, status = self._call(worker, _measure_remote, (task, b.config, b.lib, self.timing),
-                                                      self.timeout)
+                costs, kind, msg, status = call(worker, _measure_remote, (task, b.config, b.lib, self.timing),
+                                                 self.timeout)
             except TimeoutError:
                 done[id(b)] = Measured(b, (), "timeout", f"no result from {_addr(server)} within "
                                                          f"{self.timeout:.0f} s (hang?)")
@@ -364,7 +359,7 @@ class RPCRunner:
             done[id(b)] = Measured(b, tuple(costs), kind, msg)
         if server is not None:
             try:
-                self._call(worker, _close_session, (), 30.0)
+                call(worker, _close_session, (), 30.0)
             except Exception:
                 pass
 
@@ -416,7 +411,7 @@ def _serve_measure(lib_name: str, request: bytes) -> str:
 
     task, cfg, timing = pickle.loads(request)
     path = tvm_ffi.get_global_func("tvm.rpc.server.workpath")(lib_name)
-    return json.dumps(_measure_one(task, cfg, path, timing))
+    return json.dumps(measure_here(task, cfg, path, timing))
 
 
 def server_init() -> None:

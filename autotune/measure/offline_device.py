@@ -27,7 +27,8 @@ BATCH, RESULTS, PROGRESS = "batch.json", "results.json", "progress.json"
 IN_PROGRESS = "being measured"  # the outcome on record while a candidate runs: if the process dies, it is to blame
 
 
-def _write_json(path: Path, obj: object) -> None:
+def write_json(path: Path, obj: object) -> None:
+    """Write `obj` to `path` atomically (a reader on either side sees the old file or the whole new one)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f)
@@ -63,21 +64,21 @@ def measure_batch(batch_dir: Path) -> None:
         msg = f"making the task's inputs failed: {type(err).__name__}: {err}"[:500]
         done.update({str(c["id"]): {"costs": [], "error_kind": rt.HARNESS, "error": msg} for c in spec["candidates"]
                      if str(c["id"]) not in done})
-        _write_json(progress_file, done)
+        write_json(progress_file, done)
         return
     for cand in spec["candidates"]:
         cid = str(cand["id"])
         if cid in done:
             continue
         done[cid] = {"costs": [], "error_kind": "crash", "error": IN_PROGRESS}
-        _write_json(progress_file, done)  # if we die now, this candidate is the one to blame
+        write_json(progress_file, done)  # if we die now, this candidate is the one to blame
         try:
             costs, kind, msg = rt.measure_file(data, _config(cand["config"]), str(batch_dir / cand["file"]),
                                                timing, l2)
         except Exception as err:  # raised outside the kernel: this script's failure, not the candidate's
             costs, kind, msg = (), rt.HARNESS, f"{type(err).__name__}: {err}"[:500]
         done[cid] = {"costs": list(costs), "error_kind": kind, "error": msg}
-        _write_json(progress_file, done)
+        write_json(progress_file, done)
 
 
 def run_batch(batch_dir: Path, timeout: float, prepare_timeout: float = 600.0) -> None:
@@ -101,7 +102,7 @@ def run_batch(batch_dir: Path, timeout: float, prepare_timeout: float = 600.0) -
     results = [dict(id=c["id"], **progress.get(str(c["id"]), {"costs": [], "error_kind": rt.HARNESS,
                                                                "error": "not measured"}))
                for c in spec["candidates"]]
-    _write_json(batch_dir / RESULTS, {"format": 1, "results": results, "host": os.uname().nodename})
+    write_json(batch_dir / RESULTS, {"format": 1, "results": results, "host": os.uname().nodename})
 
 
 def _run_child(batch_dir: Path, timeout: float, prepare_timeout: float) -> int | str | None:
@@ -136,7 +137,7 @@ def _blame_current(batch_dir: Path, kind: str, msg: str) -> None:
     for cid, res in done.items():
         if res["error"] == IN_PROGRESS:
             done[cid] = {"costs": [], "error_kind": kind, "error": msg}
-    _write_json(progress_file, done)
+    write_json(progress_file, done)
 
 
 def pending(root: Path) -> list[Path]:

@@ -10,44 +10,14 @@ worker raised outside the kernel) are recorded as "harness" errors, which a resu
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import runtime
-from .build import Built, _last_lines
-from .runtime import HARNESS, Timing
-from .task import Task
-
-__all__ = ["HARNESS", "LocalRunner", "Measured", "Timing", "require_local_device", "task_data"]
-
-
-@dataclass(frozen=True)
-class Measured:
-    built: Built
-    costs: tuple[float, ...] = ()
-    error_kind: str | None = None
-    error: str | None = None
-
-
-def harness_error(err: BaseException, where: str) -> str:
-    return f"{where}: {type(err).__name__}: {_last_lines(str(err))}"
-
-
-def task_data(task: Task, seed: int) -> runtime.TaskData:
-    """Inputs and reference output of a task on its device, kept in this process for the next candidate."""
-    return runtime.task_data(task.template, task.workload, seed, "cuda" if task.device.is_gpu else "cpu")
-
-
-def _l2_bytes(task: Task) -> int:
-    return runtime.l2_bytes_here(task.device.gpu.l2_bytes if task.device.gpu else 0) if task.device.is_gpu else 0
-
-
-def _measure_one(task: Task, cfg: Any, lib: str, timing: Timing) -> tuple[tuple[float, ...], str | None, str | None]:
-    """Runs in the measure worker: the core's check-then-time on this machine's device."""
-    import tvm  # noqa: F401  (TVM's runtime, which the libraries link against; loaded once per worker)
-
-    return runtime.measure_file(task_data(task, timing.seed), cfg, lib, timing, _l2_bytes(task))
+from .. import runtime
+from ..build import Built
+from ..runtime import HARNESS, Timing
+from ..task import Task
+from .base import Measured
+from .common import call, check_anchor, discard, harness_error, measure_here, require_local_device, task_data
 
 
 def _prepare(task: Task, timing: Timing, nominal: float | None = None) -> float | None:
@@ -57,7 +27,7 @@ def _prepare(task: Task, timing: Timing, nominal: float | None = None) -> float 
     after a crash keeps the runner's scale."""
     data = task_data(task, timing.seed)
     if timing.anchor and data.anchor is None:
-        from .build import load_compiled
+        from ..build import load_compiled
 
         cfg = task.space.default()
         bound = data.bind(cfg, load_compiled(task, cfg))
@@ -66,22 +36,6 @@ def _prepare(task: Task, timing: Timing, nominal: float | None = None) -> float 
             raise RuntimeError(f"the anchor (the default config) is wrong: {why}")
         data.anchor = runtime.Anchor(data.calls(bound)).calibrate(timing, nominal=nominal)
     return data.anchor.nominal if data.anchor is not None else None
-
-
-def check_anchor(timing: Timing, gpu: bool, runner: str = "") -> None:
-    """Anchored timing (`Timing.anchor`) compiles its anchor in the measure worker: CPU tasks on a local runner
-    only (a GPU is timed by CUDA events with L2 flushed; remote machines need not have TVM's compiler)."""
-    if timing.anchor and (gpu or runner):
-        raise ValueError(f"anchored timing is for CPU tasks measured by the local runner, not {runner or 'a GPU'}")
-
-
-def require_local_device(task: Task) -> None:
-    """GPU candidates are measured here only if PyTorch sees a GPU: say what to do instead."""
-    import torch
-
-    if task.device.is_gpu and not torch.cuda.is_available():
-        raise ValueError(f"PyTorch sees no GPU here to measure {task.device.name} candidates; use "
-                         "--runner offline:DIR to measure on a GPU machine, or --dry-run to only build")
 
 
 class LocalRunner:
@@ -104,17 +58,13 @@ class LocalRunner:
         self._prepared: str | None = None
         self.anchor_nominal = dict(anchor_nominal or {})  # anchored timing: per task, kept across workers
 
-    def _call(self, fn: Any, args: tuple[Any, ...], timeout: float) -> Any:
-        self._worker.send(fn, args, timeout=timeout)
-        return self._worker.recv()
-
     def _ensure_prepared(self, task: Task) -> str | None:
         """Make the task's data in the worker (once per task and worker); why it failed, or None."""
         if self._prepared == task.workload_key and self._worker.is_alive():
             return None
         try:
-            nominal = self._call(_prepare, (task, self.timing, self.anchor_nominal.get(task.workload_key)),
-                                 self.prepare_timeout)
+            nominal = call(self._worker, _prepare, (task, self.timing, self.anchor_nominal.get(task.workload_key)),
+                           self.prepare_timeout)
         except TimeoutError:
             return f"making the task's inputs took over {self.prepare_timeout:.0f} s"
         except ChildProcessError:
@@ -132,22 +82,19 @@ class LocalRunner:
         out = []
         for b in built:
             if b.lib is None:
-                out.append(Measured(b, (), b.error_kind, b.error))
+                out.append(Measured.unbuilt(b))
                 continue
             unprepared = self._ensure_prepared(task)
             if unprepared is not None:
                 out.append(Measured(b, (), HARNESS, unprepared))
             else:
                 out.append(self._measure_built(task, b))
-            try:
-                os.unlink(b.lib)
-            except OSError:
-                pass
+            discard(b.lib)
         return out
 
     def _measure_built(self, task: Task, b: Built) -> Measured:
         try:
-            costs, kind, msg = self._call(_measure_one, (task, b.config, b.lib, self.timing), self.timeout)
+            costs, kind, msg = call(self._worker, measure_here, (task, b.config, b.lib, self.timing), self.timeout)
             return Measured(b, costs, kind, msg)
         except TimeoutError:
             return Measured(b, (), "timeout", f"no result within {self.timeout:.0f} s (hang?)")

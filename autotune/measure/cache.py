@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
-from . import records
-from .build import Built
-from .measure import HARNESS, Measured
-from .task import Task
+from .. import records
+from ..build import Built
+from ..runtime import HARNESS
+from ..task import Task
+from .base import Measured, Runner
+from .common import discard
 
 Key = tuple[str, str, str, str, str]  # device, op, workload_key, template_version, config_key
 
@@ -50,7 +52,7 @@ class MeasurementCache:
     closes what it was given cannot stop workers that the next run shares.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, builder: Any, runner: Any):
+    def __init__(self, path: str | os.PathLike[str] | None, builder: Any, runner: Runner):
         self.path = Path(path) if path is not None else None
         self.inner_builder, self.inner_runner = builder, runner
         self.entries: dict[Key, records.Record] = {}
@@ -104,18 +106,8 @@ class _CachedBuilder:
         self.cache = cache
 
     def build(self, task: Task, configs: Sequence[Any]) -> list[Built]:
-        out: list[Built | None] = [None] * len(configs)
-        todo = []
-        for i, cfg in enumerate(configs):
-            hit = self.cache.lookup(task, cfg.key())
-            if hit is None:
-                todo.append(i)
-            else:
-                out[i] = _built_from(cfg, hit)
-        if todo:
-            for i, b in zip(todo, self.cache.inner_builder.build(task, [configs[i] for i in todo])):
-                out[i] = b
-        return [b for b in out if b is not None]
+        return _answer(self.cache, task, configs, lambda cfg: cfg, _built_from,
+                       lambda todo: self.cache.inner_builder.build(task, todo))
 
     def close(self) -> None:
         pass  # the cache owns the inner builder
@@ -129,27 +121,44 @@ class _CachedRunner:
         self.cache = cache
 
     def measure(self, task: Task, built: Sequence[Built]) -> list[Measured]:
-        out: list[Measured | None] = [None] * len(built)
-        todo = []
-        for i, b in enumerate(built):
-            hit = self.cache.lookup(task, b.config.key())
-            if hit is None:
-                todo.append(i)
-                continue
-            if b.lib is not None:  # built anew after all (the same config twice in one batch): not needed
-                _unlink(b.lib)
-            out[i] = Measured(b, hit.costs, hit.error_kind, hit.error)
-            self.cache.hits += 1
-        if todo:
-            fresh = self.cache.inner_runner.measure(task, [built[i] for i in todo])
-            self.cache.store(task, fresh)
-            self.cache.misses += len(fresh)
-            for i, m in zip(todo, fresh):
-                out[i] = m
-        return [m for m in out if m is not None]
+        return _answer(self.cache, task, built, lambda b: b.config, self._hit, lambda todo: self._miss(task, todo))
+
+    def _hit(self, b: Built, hit: records.Record) -> Measured:
+        if b.lib is not None:  # built anew after all (the same config twice in one batch): not needed
+            discard(b.lib)
+        self.cache.hits += 1
+        return Measured(b, hit.costs, hit.error_kind, hit.error)
+
+    def _miss(self, task: Task, todo: list[Built]) -> list[Measured]:
+        fresh = self.cache.inner_runner.measure(task, todo)
+        self.cache.store(task, fresh)
+        self.cache.misses += len(fresh)
+        return fresh
 
     def close(self) -> None:
         pass  # the cache owns the inner runner
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _answer(cache: MeasurementCache, task: Task, items: Sequence[T], config: Callable[[T], Any],
+            from_hit: Callable[[T, records.Record], R], compute: Callable[[list[T]], list[R]]) -> list[R]:
+    """Per item, in order: `from_hit(item, record)` where the cache holds its config, else what one call of
+    `compute` on all the others returns for it."""
+    out: list[R | None] = [None] * len(items)
+    todo = []
+    for i, item in enumerate(items):
+        hit = cache.lookup(task, config(item).key())
+        if hit is None:
+            todo.append(i)
+        else:
+            out[i] = from_hit(item, hit)
+    if todo:
+        for i, r in zip(todo, compute([items[i] for i in todo])):
+            out[i] = r
+    return [r for r in out if r is not None]
 
 
 def _built_from(cfg: Any, r: records.Record) -> Built:
@@ -174,10 +183,3 @@ def _feature_fields(b: Built) -> dict[str, Any]:
         else:
             out["features_version"] = PROGRAM_FEATURES_VERSION
     return out
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -1,0 +1,46 @@
+"""What quantize_rows accepts, as clear errors: the torch op's checks (a 2-D float32 contiguous tensor, a range
+int8 holds; metadata only), and the template's `check_inputs`, which adds the row width of one compiled kernel.
+
+Imports torch, so workload.py never imports this module: it sits between the workload and the torch op
+(torch_op.py), and the package's `check_inputs` imports it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._torch_checks import need
+from ..template import InvalidDtype, InvalidInput
+from .workload import QMAX, QMIN, Workload
+
+__all__ = ["check", "check_inputs"]
+
+OP = "quantize_rows"
+
+
+def check(x: Tensor, qmax: int = QMAX, validate: bool = True) -> None:
+    """Metadata only (no pass over the data): a 2-D float32 contiguous tensor and a range int8 holds. One
+    expression on the fast path; `_explain` says what is wrong when it fails."""
+    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and QMIN <= qmax <= QMAX:
+        return
+    _explain(x, qmax)
+
+
+def _explain(x: Tensor, qmax: int) -> None:
+    need(x.dim() == 2, OP, f"x must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+    need(x.dtype == torch.float32, OP, f"x must be float32, got {x.dtype}", InvalidDtype)
+    need(x.is_contiguous(), OP, "x must be contiguous (call .contiguous() on it)")
+    need(QMIN <= qmax <= QMAX, OP, f"qmax must be in [{QMIN}, {QMAX}] (q is int8, symmetric), got {qmax}"
+         + (" (the second argument is qmax now: pass validate= by keyword)" if qmax in (0, 1) else ""))
+
+
+def check_inputs(w: Workload, x: Any) -> None:
+    """What this workload's kernel needs (a (rows, cols) float32 tensor, any rows), then the op's own checks."""
+    if not isinstance(x, torch.Tensor):
+        raise InvalidDtype(f"quantize_rows: x must be a torch.Tensor, got {type(x).__name__}")
+    check(x, w.qmax)
+    if x.shape[1] != w.cols:
+        raise InvalidInput(f"quantize_rows: x must have {w.cols} columns for this kernel, got {tuple(x.shape)}")
