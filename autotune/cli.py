@@ -126,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list(device: str) -> None:
     from autotune.targets import resolve
+    from search_spaces.template import device_kinds
 
     dev = resolve(device)
     target = dev.target()
@@ -133,6 +134,9 @@ def _list(device: str) -> None:
         tpl = search_spaces.get(name)
         print(f"{name}: {tpl.DOC}")
         print("  --shape keys: " + ", ".join(tpl.Workload.shape_keys()))
+        if ("cuda" if dev.is_gpu else "cpu") not in device_kinds(tpl):
+            print(f"  no kernels on {dev.name}: it runs on {', '.join(device_kinds(tpl))} only")
+            continue
         print(f"  knobs on {dev.name} (for --shape {tpl.EXAMPLE_SHAPE}):")
         for line in tpl.space(tpl.Workload.from_shape(tpl.EXAMPLE_SHAPE), target).describe():
             print(f"    {line}")

@@ -13,9 +13,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
-__all__ = ["GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept", "ModuleRule", "PRECISIONS",
-           "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload", "WorkloadError", "by_device", "finer",
-           "is_gpu", "parse_shape", "target_from_json"]
+__all__ = ["DEVICE_KINDS", "GraphMatch", "GraphRule", "IndexOutOfRange", "InvalidDtype", "InvalidInput", "Kept",
+           "ModuleRule", "PRECISIONS", "Reduced", "Route", "Template", "TorchBinding", "Traffic", "Workload",
+           "WorkloadError", "by_device", "device_kinds", "finer", "is_gpu", "parse_shape", "target_from_json"]
 
 
 class WorkloadError(ValueError):
@@ -163,15 +163,32 @@ def target_from_json(spec: dict[str, Any]) -> Any:
     return tvm.target.Target(spec, host=host) if host else tvm.target.Target(spec)
 
 
+DEVICE_KINDS = ("cpu", "cuda")  # the kinds of device a template may generate kernels for
+
+
+def device_kinds(template: Any) -> tuple[str, ...]:
+    """The kinds of device ("cpu", "cuda") a template has kernels for: its DEVICE_KINDS, both where it names none."""
+    return tuple(getattr(template, "DEVICE_KINDS", DEVICE_KINDS))
+
+
 def by_device(cpu: Any, cuda: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """`space(w, target)` and `lower(w, cfg, target)` of a template whose cpu and cuda modules each define
-    them: the target picks the module."""
+    them: the target picks the module. `cuda` None: a CPU-only template (it declares DEVICE_KINDS = ("cpu",)),
+    whose space and lower refuse a GPU target with an InvalidConfig that says so."""
+    from .space import InvalidConfig
+
+    def module(target: Any) -> Any:
+        if not is_gpu(target):
+            return cpu
+        if cuda is None:
+            raise InvalidConfig(f"{cpu.__name__.rpartition('.')[0]} runs on CPUs only: it has no CUDA template")
+        return cuda
 
     def space(w: Any, target: Any) -> Any:
-        return (cuda if is_gpu(target) else cpu).space(w, target)
+        return module(target).space(w, target)
 
     def lower(w: Any, cfg: Any, target: Any) -> Any:
-        return (cuda if is_gpu(target) else cpu).lower(w, cfg, target)
+        return module(target).lower(w, cfg, target)
 
     return space, lower
 
@@ -318,6 +335,9 @@ class GraphRule:
     quantizes: bool = False  # changes numerics (int8): skipped by tune_model(quantize=False)
     precision: str = "int8"  # a quantizing rule's: the PRECISIONS step it runs layers in (a node whose floor,
     #                          set by tune_model's accuracy contract, is finer is not its to take)
+    fuses: tuple[str, ...] = ()  # names of the rules whose sites its matches take together (e.g. the embedding
+    #   bags and the interaction they feed): tune_model tunes those rules' tasks too, and keeps this rule's
+    #   replacements only where the whole model runs faster with them than with those rules' instead
 
 
 class Template(Protocol):
@@ -390,6 +410,8 @@ class Template(Protocol):
 #       kernel flagged in its arguments (e.g. an index out of range the gather saw and skipped), so inputs are
 #       checked without an extra pass over them. The flag is the kernel's last argument: an int32 zero on entry,
 #       nonzero where the call must raise (the compiled call path reads it so, and hands such calls to Python).
+#   DEVICE_KINDS: the kinds of device it has kernels for, ("cpu",) for a CPU-only template (`by_device` with no
+#       cuda module); ("cpu", "cuda") where it names none (`device_kinds`).
 #   timed_inputs(w, seed, inputs, cache_bytes) -> tuple of input tuples, `inputs` first: the sets a CPU timing
 #       cycles through, one per call, where a model's calls never see the same data twice and one set would stay
 #       in a cache of `cache_bytes` (the measuring CPU's largest): an embedding bag's batches gather new rows.

@@ -374,6 +374,41 @@ def test_tables_held_in_fp32_leave_the_int8_group_to_the_fp32_rule():
     assert m8.tasks[0][1]["rows"] == (30, 20) and len(m8.reduced) == 2
 
 
+# ---- bags + interaction -> one fused call -------------------------------------------------------------------
+def test_bags_feeding_an_interaction_become_one_fused_call_over_one_table_buffer():
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    matches, kept = run_rule(gm, args, "embedding_interaction")
+    assert not kept and len(matches) == 1
+    (m,) = matches
+    # tables in the cat's order (e2, e0, e1); the dim-4 table and the weighted bag are not the interaction's
+    assert m.tasks == (("embedding_interaction", dict(rows=(50, 30, 20), dim=8, batch=6, pooling=(0, 5),
+                                                      self_interaction=False, index_dtype="int64")),)
+    assert m.rule == "embedding_interaction" and "pooled rows are never written" in m.what
+    fused = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.embedding_interaction.default]
+    assert len(fused) == 1 and aten.bmm.default not in targets(gm)
+    assert sum(n.target in (aten.embedding_bag.padding_idx, aten.embedding_bag.default) for n in gm.graph.nodes) == 2
+    tables = getattr(gm, fused[0].args[1].target)
+    assert tables.shape == (100, 8) and model.embs[2].weight.data_ptr() == tables.data_ptr()  # one copy
+    for batch in (6, 9):
+        for got, want in zip(gm(*_table_inputs(batch)), model(*_table_inputs(batch))):
+            assert close(got, want)
+    after, _ = run_rule(gm, args, "batched_embedding_bag")  # what is left: the two bags outside the interaction
+    assert after == []
+
+
+def test_bags_read_outside_the_interaction_are_not_fused_and_say_why():
+    args = _table_inputs(6)
+    gm = capture(Tables(), args)
+    first = next(n for n in gm.graph.nodes if n.name == "getitem")  # e0's pooled rows ...
+    with gm.graph.inserting_before(next(n for n in gm.graph.nodes if n.op == "output")):
+        gm.graph.call_function(aten.neg.default, (first,))  # ... read by another node too, after the interaction
+    matches, kept = run_rule(gm, args, "embedding_interaction")
+    assert not matches and len(kept) == 1 and "also read outside the interaction" in kept[0].why
+    assert "embs.0" in kept[0].where
+
+
 # ---- Linear (+ ReLU) -> int8 ------------------------------------------------------------------------------
 class MLP(nn.Module):
     def __init__(self):
@@ -471,9 +506,11 @@ def test_int8_tolerance_refuses_a_layer_without_its_relu():
 
 
 def test_every_template_rule_is_exposed_by_priority():
-    got = {op: [(r.name, r.priority, r.quantizes) for r in search_spaces.get(op).graph_rules()]
-           for op in ("batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
-    assert got == {"batched_embedding_bag": [("batched_embedding_bag_int8", 9, True),
-                                             ("batched_embedding_bag", 10, False)],
-                   "embedding_bag": [("embedding_bag", 20, False)],
-                   "interaction": [("interaction", 30, False)], "qmatmul": [("qmatmul", 40, True)]}
+    got = {op: [(r.name, r.priority, r.quantizes, r.fuses) for r in search_spaces.get(op).graph_rules()]
+           for op in ("embedding_interaction", "batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
+    assert got == {"embedding_interaction": [("embedding_interaction", 5, False, ("batched_embedding_bag",
+                                                                                  "interaction"))],
+                   "batched_embedding_bag": [("batched_embedding_bag_int8", 9, True, ()),
+                                             ("batched_embedding_bag", 10, False, ())],
+                   "embedding_bag": [("embedding_bag", 20, False, ())],
+                   "interaction": [("interaction", 30, False, ())], "qmatmul": [("qmatmul", 40, True, ())]}

@@ -7,6 +7,7 @@ that cannot be built, one whose kernel is missing. The end-to-end tests (`slow`:
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 import warnings
@@ -286,6 +287,52 @@ def test_replacements_slower_alone_are_wired_in_when_the_whole_model_is_faster_w
     assert "whole-model check, relu: the model takes 7 ms with its replacements, 10 ms without: wired in" in str(report)
 
 
+def relu_to_threshold(gm: Any, n: Any) -> Any:  # the same function, another op: the "fused" rule's
+    return gm.graph.call_function(aten.threshold.default, (n.args[0], 0.0, 0.0))
+
+
+def test_a_fusing_rule_is_kept_only_where_the_whole_model_is_faster_with_it(model, tmp_path, monkeypatch):
+    """A rule that fuses others' sites (GraphRule.fuses, as the embedding bags + interaction kernel does):
+    discovery lists what the fused rules would do there (their tasks are tuned too), and the model rewritten with
+    the fusing rule is timed against the model rewritten without it, the fused rules taking its sites."""
+    from autotune.torch import speed
+
+    args = make_batch(model, BATCH)
+    apart = node_rule("clamp", aten.relu.default, relu_to_clamp, priority=10)
+    fused = dataclasses.replace(node_rule("fused", aten.relu.default, relu_to_threshold), fuses=("clamp",))
+    found = G.discover(G.capture(model, args), args, [fused, apart])
+    assert [m.rule for m in found.matches] == ["fused"] * 3 and [m.rule for m in found.alternatives] == ["clamp"] * 3
+    assert [m.nodes for m in found.matches] == [m.nodes for m in found.alternatives]
+    assert G.discover(G.capture(model, args), args, [apart]).alternatives == []
+    check = at.SpeedCheck(rounds=1, seconds=0.001)
+
+    def whole_models(fused_s: float, apart_s: float, wholes: list[Any]) -> Callable[..., tuple[float, float]]:
+        def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
+            o, n = old(), new()
+            if isinstance(o, tuple):  # a match's subgraph: each replacement is faster alone
+                return 2e-3, 1e-3
+            wholes.append((o, n))
+            return fused_s, apart_s
+
+        return time_pair
+
+    wholes: list[Any] = []
+    monkeypatch.setattr(speed, "time_pair", whole_models(10e-3, 7e-3, wholes))
+    opt, report = tune(model, args, tmp_path, rules=[fused, apart], require_speedup=True, speed=check)
+    assert len(wholes) == 1 and torch.equal(*wholes[0])  # both models ran, and agree
+    assert {r.rule for r in report.replaced} == {"clamp"} and aten.threshold.default not in _graph_ops(opt)
+    assert "whole-model check, fused: the model takes 10 ms with it, 7 ms with clamp apart: left out" in str(report)
+
+    monkeypatch.setattr(speed, "time_pair", whole_models(6.9e-3, 7e-3, []))  # 1% faster: within the margin
+    _, report = tune(model, args, tmp_path, rules=[fused, apart], require_speedup=True, speed=check)
+    assert {r.rule for r in report.replaced} == {"clamp"}
+
+    monkeypatch.setattr(speed, "time_pair", whole_models(5e-3, 7e-3, []))
+    opt, report = tune(model, args, tmp_path, rules=[fused, apart], require_speedup=True, speed=check)
+    assert {r.rule for r in report.replaced} == {"fused"} and aten.clamp_min.default not in _graph_ops(opt)
+    assert "fused: the model takes 5 ms with it, 7 ms with clamp apart: kept" in str(report)
+
+
 class _LaggingClock:
     """runtime's `time` for the tests of the speed check's real timer: the real clock plus `lag`, which a test's
     code moves instead of sleeping. A second of lag per call cannot be mistaken for a busy machine's noise."""
@@ -464,12 +511,14 @@ def fp32_run(tmp_path_factory, shared_workers):
 @pytest.mark.slow
 def test_tiny_dlrm_end_to_end_fp32(fp32_run):
     m, args, opt, report, log_dir = fp32_run
-    assert {t.op for t in report.tasks} == {"batched_embedding_bag", "interaction"}
+    # the fused kernel and the two it fuses are all tuned (tune_model would time the model with each way; the
+    # test's require_speedup=False wires in the fused one, which agrees)
+    assert {t.op for t in report.tasks} == {"embedding_interaction", "batched_embedding_bag", "interaction"}
     assert all(t.share > 0 and t.best_s and t.measured + t.resumed >= 2 for t in report.tasks)
     assert report.measured == sum(t.measured for t in report.tasks) >= 2
-    assert {r.rule for r in report.replaced} == {"batched_embedding_bag", "interaction", "dense_linear"}, str(report)
+    assert {r.rule for r in report.replaced} == {"embedding_interaction", "dense_linear"}, str(report)
     ops = _graph_ops(opt)
-    assert torch.ops.autotune.batched_embedding_bag.default in ops and torch.ops.autotune.interaction.default in ops
+    assert torch.ops.autotune.embedding_interaction.default in ops
     assert not any(str(t).startswith("aten.embedding_bag") or t in (aten.bmm.default, aten.linear.default)
                    for t in ops)
     assert report.max_abs_diff < 1e-4 and report.speedup is not None

@@ -244,18 +244,41 @@ class Discovery:
 
     matches: list[GraphMatch] = field(default_factory=list)
     kept: list[Kept] = field(default_factory=list)
+    alternatives: list[GraphMatch] = field(default_factory=list)  # what the other rules find where a fusing
+    #   rule's matches (GraphRule.fuses) took nodes: their kernels are tuned too, to be compared with it
 
 
 def discover(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
              floors: Mapping[str, str] = {}) -> Discovery:
-    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals;
-    the quantizing rules leave alone the nodes whose floor is finer than their precision."""
+    """Every rule's matches on the captured graph (each node claimed by one match at most) and its refusals,
+    and the alternatives to the fusing rules' matches; the quantizing rules leave alone the nodes whose floor is
+    finer than their precision."""
     values = example_values(gm, example_inputs)
     out = Discovery()
     claimed: set[fx.Node] = set()
     for rule in rules:
         for found in _find(rule, gm, values, claimed, floors):
             (out.matches if isinstance(found, GraphMatch) else out.kept).append(found)
+    out.alternatives = _alternatives(gm, values, rules, out.matches, floors)
+    return out
+
+
+def _alternatives(gm: fx.GraphModule, values: dict[str, Any], rules: Sequence[GraphRule],
+                  matches: Sequence[GraphMatch], floors: Mapping[str, str]) -> list[GraphMatch]:
+    """What the other rules find where the fusing rules' matches took nodes, the rules run again without the
+    fusing rules (e.g. the batched bags, fp32 or int8, and the interaction where the fused kernel took them)."""
+    fusing = {r.name for r in rules if r.fuses}
+    taken = {n for m in matches if m.rule in fusing for n in m.nodes}
+    if not taken:
+        return []
+    out: list[GraphMatch] = []
+    claimed: set[fx.Node] = set()
+    for rule in rules:
+        if rule.name in fusing:
+            continue
+        for found in _find(rule, gm, values, claimed, floors):
+            if isinstance(found, GraphMatch) and taken.intersection(found.nodes):
+                out.append(found)
     return out
 
 

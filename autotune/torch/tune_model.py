@@ -11,9 +11,11 @@ record of the same workload and CPU when faster) is exported to `log_dir/package
 holds exactly those kernels) and loaded; the rules rewrite the graph, each replacement kept only if it
 reproduces the model's values on the example inputs and (`require_speedup`) runs faster than the code it
 replaces there, timed interleaved (`speed.py`: a tuned kernel can agree and still lose to PyTorch, as int8
-Linears do on small CPUs); the rewritten model is held to the accuracy contract (`tolerance`, on the example
-and held-out batches: `accuracy.py`), layers that break it moving up the precision ladder (int8, bf16 where a
-rule runs it, fp32), the most error-sensitive first;
+Linears do on small CPUs); a rule that fuses others' sites (`GraphRule.fuses`: the embedding bags and the
+interaction as one kernel) is kept only where the whole model runs faster with it than with the other rules'
+replacements there (their tasks are tuned too); the rewritten model is held to the accuracy contract
+(`tolerance`, on the example and held-out batches: `accuracy.py`), layers that break it moving up the precision
+ladder (int8, bf16 where a rule runs it, fp32), the most error-sensitive first;
 eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
 ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
@@ -22,6 +24,7 @@ into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -180,7 +183,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
         return model, report
     job = _Job(model, args, timing, ruleset, (speed or SpeedCheck()) if require_speedup else None, device,
                Path(log_dir), trials, shipped, progress, node_times(gm, args), report)
-    layers = _reduced(found.matches)
+    layers = _reduced([*found.matches, *found.alternatives])  # a fusion's alternatives may run layers in int8
     shares = accuracy.layer_shares(gm, checks, layers, contract)
     share = _Shares(gm, checks, contract, {(layer.node, layer.precision): shares[layer.node] for layer in layers})
     with _Workers() as workers:
@@ -276,7 +279,7 @@ def _rewritten(job: _Job, workers: "_Workers", floors: dict[str, str]) -> tuple[
     job.report.whole_model.clear()  # this rewrite's verdicts only
     gm = capture(job.model, job.args)
     found = discover(gm, job.args, job.ruleset, floors)
-    new = _new_tasks(job.report, found.matches, job.times)
+    new = _new_tasks(job.report, [*found.matches, *found.alternatives], job.times)
     if new:
         _tune_all(new, job.device, job.logs, job.trials, job.shipped, job.progress, workers)
         best = [t.record for t in job.report.tasks if t.record is not None]
@@ -287,6 +290,7 @@ def _rewritten(job: _Job, workers: "_Workers", floors: dict[str, str]) -> tuple[
     done = rewrite(gm, job.args, job.ruleset, ready, job.check, floors=floors, timing_inputs=job.timing[1:])
     if job.check is not None:
         gm, done = _whole_model_check(job, gm, done, ready, floors)
+        gm, done = _fusion_check(job, gm, done, ready, floors)
     return gm, done
 
 
@@ -518,6 +522,31 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: di
         if faster:
             gm, done, wired = alt_gm, alt, wired | {rule.name}
     return gm, done
+
+
+def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: dict[str, str]) -> tuple[Any, Rewrite]:
+    """The whole model with the fusing rules' replacements (`GraphRule.fuses`, e.g. the embedding bags and the
+    interaction as one kernel) against the model rewritten without those rules, where the other rules take their
+    sites (with their own whole-model check): timed as `_whole_model_check` times, the fused model is kept only
+    if faster by `check.margin`, and the report says what each took."""
+    assert job.check is not None
+    fusing = [r for r in job.ruleset if r.fuses and any(d.rule == r.name for d in done.replaced)]
+    if not fusing:
+        return gm, done
+    apart = dataclasses.replace(job, ruleset=[r for r in job.ruleset if not r.fuses])
+    alt_gm = capture(job.model, job.args)
+    alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, floors=floors, timing_inputs=job.timing[1:])
+    names = " and ".join(r.name for r in fusing)
+    before = len(job.report.whole_model)
+    alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, floors)
+    job.report.whole_model[before:] = [f"without {names}, {v}" for v in job.report.whole_model[before:]]
+    with torch.inference_mode():
+        fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
+    faster = fused_s <= apart_s * (1.0 - job.check.margin)
+    fused_rules = " + ".join(dict.fromkeys(f for r in fusing for f in r.fuses))
+    job.report.whole_model.append(f"{names}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
+                                  f"{fused_rules} apart: {'kept' if faster else 'left out'}")
+    return (gm, done) if faster else (alt_gm, alt)
 
 
 def _cycled(model: Any, batches: Sequence[tuple[Any, ...]]) -> Any:

@@ -21,7 +21,7 @@ from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .torch_op import concat_tables
 from .workload import Workload, tolerance
 
-__all__ = ["RULES", "groups"]
+__all__ = ["RULES", "groups", "table_nodes"]
 
 aten = torch.ops.aten
 RULE = "batched_embedding_bag"
@@ -92,35 +92,42 @@ def _already_fused(params: list[torch.Tensor]) -> torch.Tensor | None:
     return first.detach().new_empty(0).set_(storage, start, (rows, first.shape[1]))
 
 
-def _replace(group: list[Bag], dtype: str = "float32") -> Any:
-    """The rewrite of one group: one launch over the tables in one buffer. float32: the model's Parameters become
-    views of it (one copy of the tables); a reduced-precision `dtype` (int8): the buffer holds the tables
+def table_nodes(gm: Any, group: list[Bag], dtype: str = "float32") -> tuple[Any, Any]:
+    """get_attr nodes of the group's tables as one weight and of their first rows, inserted at the graph's
+    insertion point. float32: a Parameter where the tables took gradients, the model's own tables rebound as views
+    of it (`p.data = fused[r0:r1]`: one copy of the tables); a reduced-precision `dtype` (int8): the tables
     converted once (rows.py), an inference buffer beside the model's own fp32 Parameters."""
+    if dtype == "float32":
+        fused, table_offsets, params = fuse_tables(gm, group)
+        trainable = any(p.requires_grad for p in params)
+    else:
+        params = [attr(gm, bag.weight.target) for bag in group]
+        fused = concat_tables([quantize(p, dtype) for p in params])
+        table_offsets = torch.tensor([0] + [p.shape[0] for p in params], dtype=torch.int64).cumsum(0)
+        table_offsets, trainable = table_offsets.to(fused.device), False
+    weight = register(gm, "autotune_tables", fused, trainable=trainable)
+    starts = register(gm, "autotune_table_offsets", table_offsets)
+    if dtype == "float32":
+        for p, r0, r1 in zip(params, table_offsets.tolist(), table_offsets.tolist()[1:]):
+            p.data = fused[r0:r1]
+    return weight, starts
+
+
+def _replace(group: list[Bag], dtype: str = "float32") -> Any:
+    """The rewrite of one group: one launch over the tables in one buffer (`table_nodes`, in `dtype` rows)."""
 
     def replace(gm: Any) -> tuple[Any, ...]:
-        if dtype == "float32":
-            fused, table_offsets, params = fuse_tables(gm, group)
-            trainable = any(p.requires_grad for p in params)
-        else:
-            params = [attr(gm, bag.weight.target) for bag in group]
-            fused = concat_tables([quantize(p, dtype) for p in params])
-            table_offsets = torch.tensor([0] + [p.shape[0] for p in params], dtype=torch.int64).cumsum(0)
-            table_offsets, trainable = table_offsets.to(fused.device), False
         indices, offsets = [b.indices for b in group], [b.offsets for b in group]
         t_count, dim = len(group), group[0].dim
         point = insertion_point(gm, indices + offsets, [b.out for b in group])
         with gm.graph.inserting_before(point):
-            weight = register(gm, "autotune_tables", fused, trainable=trainable)
-            starts = register(gm, "autotune_table_offsets", table_offsets)
+            weight, starts = table_nodes(gm, group, dtype)
             out = gm.graph.call_function(torch.ops.autotune.batched_embedding_bag.default, (
                 weight, starts, indices, offsets, group[0].mode, group[0].include_last_offset))
             v = gm.graph.call_function(aten.view.default, (out, [-1, t_count, dim]))
             news = [gm.graph.call_function(aten.select.int, (v, 1, k)) for k in range(t_count)]
         for node in (weight, starts, out, v, *news):
             node.meta["nn_module_stack"] = group[0].node.meta.get("nn_module_stack", {})
-        if dtype == "float32":
-            for p, r0, r1 in zip(params, table_offsets.tolist(), table_offsets.tolist()[1:]):
-                p.data = fused[r0:r1]  # the model's own tables become views of the one buffer: no second copy
         return tuple(news)
 
     return replace

@@ -18,6 +18,7 @@ from autotune.runtime import (FLOAT64, BoundKernel, expected, expected_call, jud
 from autotune.targets import resolve
 from autotune.task import make_task
 from search_spaces import InvalidConfig, Template, TorchBinding, Traffic, WorkloadError
+from search_spaces.template import device_kinds
 
 OPS = search_spaces.names()
 MEMBERS = sorted({*Template.__annotations__, *(n for n in vars(Template) if not n.startswith("_"))})
@@ -154,15 +155,27 @@ def test_baselines_compute_the_reference_and_traffic_is_positive(op):
     assert isinstance(traffic, Traffic) and traffic.bytes > 0 and traffic.rate(1e-3) > 0
 
 
-@pytest.mark.parametrize("op", OPS)
+GPU_OPS = [op for op in OPS if "cuda" in device_kinds(search_spaces.get(op))]
+
+
+@pytest.mark.parametrize("op", GPU_OPS)
 def test_gpu_space_lowers_its_default_config(op):
     task = _task(op, "cuda:sm_90")
     mod = task.lower(task.space.default())
     assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("device", ["cpu", "cuda:sm_90"])
+@pytest.mark.parametrize("op", sorted(set(OPS) - set(GPU_OPS)))
+def test_a_cpu_only_template_refuses_a_gpu_target_and_says_so(op):
+    task = _task(op, "cuda:sm_90")
+    assert device_kinds(task.template) == ("cpu",)
+    with pytest.raises(InvalidConfig, match="runs on CPUs only: it has no CUDA template"):
+        task.space
+    with pytest.raises(InvalidConfig, match="runs on CPUs only"):
+        task.template.lower(task.workload, _task(op).space.default(), task.device.target())
+
+
+@pytest.mark.parametrize("op, device", [(op, "cpu") for op in OPS] + [(op, "cuda:sm_90") for op in GPU_OPS])
 def test_sampling_covers_every_code_path_of_the_space(op, device):
     space = _task(op, device).space
     names = [k.name for k in space.knobs]

@@ -11,6 +11,7 @@ import pytest
 
 import search_spaces
 from search_spaces import version
+from search_spaces.template import device_kinds
 from search_spaces.version import sources, template_version
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -142,7 +143,9 @@ def test_every_registered_template_has_a_version_per_device_kind(op):
     for kind in ("llvm", "cuda"):
         assert len(template_version(op, kind)) == 12
         files = sources(op, kind)
-        if hasattr(tpl, "__path__"):  # a package: its device module first
+        if hasattr(tpl, "__path__") and (kind == "llvm" or "cuda" in device_kinds(tpl)):  # its device module first
             assert files[0] == Path(tpl.__path__[0]) / ("cuda.py" if kind == "cuda" else "cpu.py")
+        elif hasattr(tpl, "__path__"):  # a CPU-only package: no cuda.py, the package's own module
+            assert files[0] == Path(tpl.__path__[0]) / "__init__.py"
         else:
             assert files[0] == Path(tpl.__file__)

@@ -1,0 +1,103 @@
+"""The fused embedding bags + dot interaction on the CPU (llvm): its knobs, space and schedule (the TVMScript is
+kernel.py's). The dot products' knobs are the interaction kernel's (search_spaces.interaction.cpu), the
+gather's the embedding bag's (search_spaces.embedding_bag.cpu), each with its meaning there; two are this
+kernel's own: how far ahead rows are prefetched across the samples, and where a bag is pooled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..embedding_bag.cpu import PREFETCH_LINES, UNROLL, check_llvm, prefetch_lines, simd, vectorize_innermost
+from ..interaction.cpu import DIM_UNROLL, HSUM, LANES, PAIRS_PER_BLOCK, SAMPLES_PER_TASK, THREADING
+from ..space import Choice, Config, Constraint, InvalidConfig, Space
+from .kernel import compute, feature_lanes, next_pow2, padded_dim
+from .workload import Workload
+
+__all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "LANES", "PAIRS_PER_BLOCK", "PREFETCH", "PREFETCH_LINES",
+           "SAMPLES_PER_TASK", "THREADING", "UNROLL", "lower", "schedule", "space"]
+
+PREFETCH = Choice("prefetch", (32, 0, 8, 16, 64), doc=(
+    "Software-prefetch distance in bags, in the kernel's order (a sample's tables one after another, then the "
+    "next sample's): the rows of the bag that many bags ahead are prefetched before a bag is pooled. A "
+    "distance of about the number of tables or more fetches the next sample's rows while this one computes "
+    "its dot products, which is what fusing the gather into the interaction makes possible; 0 disables it."))
+ACCUMULATOR = Choice("accumulator", ("local", "scratch"), doc=(
+    "Where a bag is pooled: 'local' sums its rows in a D-float accumulator on the stack (LLVM keeps it in "
+    "registers) and copies it once into the sample's staged features; 'scratch' adds each row straight into "
+    "the staged features (no copy, but a load and store of the sums per row where LLVM cannot prove the "
+    "buffer apart from the tables)."))
+
+_STACK_FLOATS = 256  # as the interaction kernel: a block's accumulators stay on the stack (registers) below 1 KiB
+
+
+def _chunks(w: Workload, lanes: int) -> int:
+    return padded_dim(w, lanes) // lanes
+
+
+def space(w: Workload, target: Any) -> Space:
+    """The CPU space: threading and samples per task; the dot products' lanes, pair block, reduction and D
+    unroll (as the interaction's); the gather's prefetch distance and lines, row unroll and accumulator."""
+    check_llvm("embedding_interaction", target)
+    lanes = [v for v in LANES.options if v <= max(4, next_pow2(w.dim)) and (v > 1 or w.dim < 8)]  # as interaction
+    unrolls = [u for u in DIM_UNROLL.options if any(_chunks(w, v) % u == 0 for v in lanes)]
+    return Space(
+        [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, DIM_UNROLL.only(unrolls),
+         PREFETCH, prefetch_lines(w.rows_format), UNROLL.only(u for u in UNROLL.options if u <= w.pooling[1] or u == 1),
+         ACCUMULATOR],
+        [
+            Constraint("samples_per_task only matters for parallel threading",
+                       lambda c: c[THREADING] == "parallel" or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
+            Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB)",
+                       lambda c: c[PAIRS_PER_BLOCK] * c[LANES] < _STACK_FLOATS),
+            Constraint("dim_unroll must divide the number of D chunks (D padded to the lanes, / lanes)",
+                       lambda c: _chunks(w, c[LANES]) % c[DIM_UNROLL] == 0),
+            Constraint("prefetch_lines only matters with prefetch on",
+                       lambda c: c[PREFETCH] > 0 or c[PREFETCH_LINES] == PREFETCH_LINES.options[0]),
+        ],
+    )
+
+
+def schedule(sch: Any, w: Workload, cfg: Config) -> None:
+    """Samples over cores; SIMD over the staging copies and the accumulator's setting; the dot products as the
+    interaction's (D chunks split by dim_unroll, the pair block's accumulators unrolled, lanes vectorised)."""
+    vec, unroll = cfg[LANES], cfg[DIM_UNROLL]
+    if _chunks(w, vec) % unroll:
+        raise InvalidConfig(f"dim_unroll {unroll} does not divide the {_chunks(w, vec)} chunks of {vec} lanes")
+    if cfg[PAIRS_PER_BLOCK] * vec >= _STACK_FLOATS:
+        raise InvalidConfig(f"pairs_per_block {cfg[PAIRS_PER_BLOCK]} x lanes {vec} accumulators exceed the stack")
+    (b,) = sch.get_loops(sch.get_sblock("sample"))
+    if cfg[THREADING] == "parallel":
+        tasks, _ = sch.split(b, [None, cfg[SAMPLES_PER_TASK]])
+        sch.parallel(tasks)
+    lanes = feature_lanes(w)
+    simd(sch, sch.get_sblock("acc_init"), lanes)
+    for name in ("stage_x",) + (("stage_bag",) if cfg[ACCUMULATOR] == "local" else ()):
+        vectorize_innermost(sch, sch.get_sblock(name), lanes)
+    if padded_dim(w, vec) > w.dim:
+        sch.vectorize(sch.get_loops(sch.get_sblock("stage_pad"))[-1])
+
+    dot = sch.get_sblock("dot")
+    c, q, lane = sch.get_loops(dot)[-3:]
+    _, ci = sch.split(c, [None, unroll])
+    if vec > 1:
+        sch.vectorize(lane)
+    sch.unroll(q)  # the block's accumulators: unrolled, they are registers
+    if unroll > 1:
+        sch.unroll(ci)
+    init = sch.decompose_reduction(dot, sch.get_loops(dot)[-4])
+    iq, il = sch.get_loops(init)[-2:]
+    sch.unroll(iq)
+    if vec > 1:
+        sch.vectorize(il)
+
+
+def lower(w: Workload, cfg: Config, target: Any) -> Any:
+    """The scheduled IRModule of one CPU config: what `tvm.compile` builds."""
+    from tvm.s_tir import Schedule
+
+    check_llvm("embedding_interaction", target)
+    sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PREFETCH], cfg[PREFETCH_LINES],
+                           cfg[UNROLL], cfg[ACCUMULATOR] == "local"))
+    schedule(sch, w, cfg)
+    return sch.mod

@@ -1,0 +1,312 @@
+"""The fused CPU kernel as TVMScript: each sample's bags pooled straight from the tables into its features,
+then its dot interaction, without the (B, T, D) pooled rows between them.
+
+One pass per sample (the samples spread over cores):
+  1. x is written to the front of the output row and staged as feature 0 of a small per-sample buffer (F rows
+     of D floats zero-padded to the SIMD width, the interaction kernel's: it stays in L1);
+  2. each table's bag is pooled from the tables (FBGEMM's TBE layout, batched_embedding_bag's) into feature
+     t + 1, through a register accumulator (`local`) or straight into the buffer; every index is checked
+     against its own table (one outside is not read and sets the error flag) and the rows of the bag
+     `prefetch` bags ahead, in this kernel's order (table by table, sample by sample: past the last table it
+     is the next sample's), are prefetched first, so the next sample's rows arrive while this one computes;
+  3. the kept dot products, the interaction kernel's way (search_spaces.interaction.cpu): blocks of pairs along
+     a row of the triangle, one SIMD accumulator per pair, reduced across lanes by a shuffle network
+     (`hsum`: "transpose" or "tree"), each block's sums stored once, contiguous in the output row.
+Offsets and table offsets are checked as boundaries before the gather (embedding_bag's kernel.py); when they
+are bad nothing is gathered and the output is zeros. The batch is symbolic; tables, dimension, triangle and
+row format are compiled in.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..embedding_bag.cpu import SCRATCH_SCOPE
+from ..embedding_bag.kernel import boundaries_checker, flag_where, in_range, index_alignment, prefetcher
+from ..embedding_bag.workload import INDEX_ERROR, OFFSETS_ERROR, TABLE_OFFSETS_ERROR
+# the interaction kernel's pieces that are plain Python (its TVMScript is its own: a module may not be edited
+# without staling its shipped records, and its macros live inside one function)
+from ..interaction.cpu import _next_pow2, _padded_dim, _reduction_levels, _row_blocks, _stage_lanes
+from ..space import InvalidConfig
+from .workload import Workload
+
+__all__ = ["compute", "feature_lanes", "next_pow2", "padded_dim"]
+
+next_pow2 = _next_pow2
+
+
+def padded_dim(w: Workload, lanes: int) -> int:
+    """D rounded up to the dot products' SIMD width: a staged feature's length."""
+    return _padded_dim(w.dots, lanes)
+
+
+def feature_lanes(w: Workload) -> int:
+    """The SIMD width of the pooling and of the staging copies: the widest power of two (up to 16) dividing D."""
+    return _stage_lanes(w.dim)
+
+
+@functools.lru_cache(maxsize=64)
+def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose", prefetch: int = 0,
+            prefetch_lines: int = 1, unroll: int = 1, local: bool = True) -> Any:
+    """The fused kernel for one dot-product SIMD width, pair block and cross-lane reduction, prefetch distance
+    (bags; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator. Cached: parsing
+    takes a few hundred ms and schedules never mutate their input module."""
+    import tvm
+    from tvm.script import tirx as T
+
+    if pairs_per_block & (pairs_per_block - 1) or lanes & (lanes - 1):
+        raise InvalidConfig(f"lanes {lanes} and pairs_per_block {pairs_per_block} must be powers of two")
+    if hsum not in ("transpose", "tree"):
+        raise InvalidConfig(f"unknown hsum {hsum!r}")
+    if unroll < 1 or prefetch < 0:
+        raise ValueError(f"unroll must be positive and prefetch not negative, got {unroll} and {prefetch}")
+    dw = w.dots
+    D, NT, F, P = w.dim, w.tables, dw.features, dw.pairs
+    O = D + P
+    VL, PB, U, V = lanes, pairs_per_block, unroll, feature_lanes(w)
+    Dp = padded_dim(w, VL)
+    diag = 1 if w.self_interaction else 0
+    NBLK = len(_row_blocks(dw, PB))
+    TAB = NBLK * 4  # per block: row offset, first column's offset, output position, valid pairs
+    FR = F + PB - 1  # a block may run past the diagonal: zero rows to read there
+    levels = _reduction_levels(PB, VL, hsum == "transpose")
+    L = len(levels)
+    if L > 4:
+        raise InvalidConfig(f"lanes {lanes} needs more than 4 reduction levels")
+    lv = levels + [("fold", 1, 2, 1, [0], [1])] * (4 - L)  # unused levels: never emitted (L guards them)
+    sizes = [n * wo for _, n, _, wo, _, _ in lv]
+    fmt = w.rows_format
+    WD, idt, i64 = fmt.width, w.index_dtype, "int64"
+    ialign = index_alignment(idt)
+    prefetch_row = prefetcher(prefetch_lines, fmt)
+    flag_if = flag_where()
+    check_boundaries = boundaries_checker()
+
+    # ---- the bags: bag (t, b) is entry t * B + b of the table-major offsets --------------------------------
+    def start(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
+        return T.Cast(i64, Off[vt * NB + vb])
+
+    def count(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
+        return T.Cast(i64, Off[vt * NB + vb + 1]) - start(Off, vt, vb, NB)
+
+    def index(I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any) -> Any:
+        return T.Cast(i64, I[start(Off, vt, vb, NB) + vl])
+
+    def rows_of(TO: Any, vt: Any) -> Any:
+        return TO[vt + 1] - TO[vt]
+
+    def ahead_table(vt: Any, vb: Any) -> Any:
+        """The table of the bag `prefetch` bags after (vt, vb) in the kernel's order."""
+        return T.floormod(vb * NT + vt + prefetch, NT)
+
+    def ahead_sample(vt: Any, vb: Any, NB: Any) -> Any:
+        """... and its sample (the last sample's: a wasted prefetch past the batch, never a read outside it)."""
+        return T.min(T.floordiv(vb * NT + vt + prefetch, NT), NB - 1)
+
+    def lanes_of(n: int) -> Any:
+        return T.vectorized(n) if n > 1 else T.serial(n)
+
+    def rows_in(name: str) -> Any:
+        """A macro `pool_row(W, S, TO, I, Off, A, base, Flag, vt, vb, l, NB)`: row l of bag (vt, vb) added to
+        A[base:base + D] when its index lies in its table, else the flag set (one macro per block name:
+        TVMScript renames a block where its macro is expanded again)."""
+
+        @T.macro
+        def add_row(W, S, TO, I, Off, A, base, vt, vb, l, NB):
+            for dm in T.unroll(D // V):
+                for dv in lanes_of(V):
+                    with T.sblock(name):
+                        vl = T.axis.reduce(count(Off, vt, vb, NB), l)
+                        vd = T.axis.spatial(D, dm * V + dv)
+                        A[base + vd] = A[base + vd] + fmt.load(W, S, TO[vt] + index(I, Off, vt, vb, NB, vl), vd)
+
+        @T.macro
+        def pool_row(W, S, TO, I, Off, A, base, Flag, vt, vb, l, NB):
+            if in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)):
+                add_row(W, S, TO, I, Off, A, base, vt, vb, l, NB)
+            else:
+                flag_if(Flag, True, INDEX_ERROR)
+
+        return pool_row
+
+    group_row, tail_row = rows_in("acc"), rows_in("acc_tail")
+
+    @T.macro
+    def prefetch_ahead(W, TO, I, Off, vt, vb, NB, R):
+        # the rows of the bag `prefetch` bags ahead (clamped into the table: a hint, never a fault)
+        for k in range(count(Off, ahead_table(vt, vb), ahead_sample(vt, vb, NB), NB)):
+            prefetch_row(W, T.min(TO[ahead_table(vt, vb)] + index(I, Off, ahead_table(vt, vb),
+                                                                  ahead_sample(vt, vb, NB), NB, k), R - 1))
+
+    @T.macro
+    def pool(W, S, TO, I, Off, A, base, Flag, vt, vb, NB, NNZ, R):
+        """Bag (vt, vb)'s rows summed into A[base:base + D], in one block (its only writer seen from outside)."""
+        with T.sblock("pool"):
+            T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
+            T.writes(A[base:base + D])
+            for d0 in range(D):
+                with T.sblock("acc_init"):
+                    vd0 = T.axis.spatial(D, d0)
+                    A[base + vd0] = T.float32(0)
+            if prefetch > 0:
+                prefetch_ahead(W, TO, I, Off, vt, vb, NB, R)
+            if U == 1:
+                for l in range(count(Off, vt, vb, NB)):
+                    group_row(W, S, TO, I, Off, A, base, Flag, vt, vb, l, NB)
+            else:
+                for g in range(count(Off, vt, vb, NB) // U):
+                    for u in T.unroll(T.int64(U)):
+                        group_row(W, S, TO, I, Off, A, base, Flag, vt, vb, g * U + u, NB)
+                for r in range(count(Off, vt, vb, NB) % U):
+                    tail_row(W, S, TO, I, Off, A, base, Flag, vt, vb, count(Off, vt, vb, NB) // U * U + r, NB)
+
+    # ---- the dot products (the interaction kernel's "rows" layout) -----------------------------------------
+    @T.macro
+    def level(src, dst, kind, n_out, w_in, w_out, lo, hi):
+        for m in T.unroll(n_out):
+            if kind == "combine":
+                dst[T.ramp(m * w_out, 1, w_out)] = (
+                    T.Shuffle([src[T.ramp(2 * m * w_in, 1, w_in)], src[T.ramp((2 * m + 1) * w_in, 1, w_in)]], lo)
+                    + T.Shuffle([src[T.ramp(2 * m * w_in, 1, w_in)], src[T.ramp((2 * m + 1) * w_in, 1, w_in)]], hi))
+            elif w_out == 1:  # the last fold of "tree": one float per pair
+                dst[m] = src[m * w_in] + src[m * w_in + 1]
+            else:
+                dst[T.ramp(m * w_out, 1, w_out)] = (T.Shuffle([src[T.ramp(m * w_in, 1, w_in)]], lo)
+                                                    + T.Shuffle([src[T.ramp(m * w_in, 1, w_in)]], hi))
+
+    @T.macro
+    def store(sums, Out, vb, start_, count_):
+        # a block's sums are contiguous in the output row; blocks at a row's end are partial
+        if count_ == PB:
+            Out[vb, T.ramp(D + start_, 1, PB)] = sums[T.ramp(0, 1, PB)]
+        else:
+            for q in range(PB):
+                if q < count_:
+                    Out[vb, D + start_ + q] = sums[q]
+
+    @T.macro
+    def reduce_and_store(acc, r0, r1, r2, r3, Out, vb, start_, count_):
+        if L >= 1:
+            level(acc, r0, lv[0][0], lv[0][1], lv[0][2], lv[0][3], lv[0][4], lv[0][5])
+        if L >= 2:
+            level(r0, r1, lv[1][0], lv[1][1], lv[1][2], lv[1][3], lv[1][4], lv[1][5])
+        if L >= 3:
+            level(r1, r2, lv[2][0], lv[2][1], lv[2][2], lv[2][3], lv[2][4], lv[2][5])
+        if L >= 4:
+            level(r2, r3, lv[3][0], lv[3][1], lv[3][2], lv[3][3], lv[3][4], lv[3][5])
+        if L == 0:
+            store(acc, Out, vb, start_, count_)
+        if L == 1:
+            store(r0, Out, vb, start_, count_)
+        if L == 2:
+            store(r1, Out, vb, start_, count_)
+        if L == 3:
+            store(r2, Out, vb, start_, count_)
+        if L == 4:
+            store(r3, Out, vb, start_, count_)
+
+    # ---- one sample ----------------------------------------------------------------------------------------
+    @T.macro
+    def samples(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R):
+        for b in range(NB):
+            with T.sblock("sample"):
+                vb = T.axis.spatial(NB, b)
+                T.reads(X[vb, 0:D], Off[0:NT * NB + 1], TO[0:NT + 1], I[0:NNZ], W[0:R, 0:WD], tab[0:TAB])
+                T.writes(Out[vb, 0:O])  # and the flag (a benign race: not a region the schedule orders)
+                feat = T.sblock_alloc_buffer((FR * Dp,), "float32")
+                for d0 in range(D // V):  # the dense part of the output row (plain code: one writer block)
+                    for d1 in lanes_of(V):
+                        Out[vb, d0 * V + d1] = X[vb, d0 * V + d1]
+                for d in range(D):
+                    with T.sblock("stage_x"):
+                        vd = T.axis.spatial(D, d)
+                        feat[vd] = X[vb, vd]
+                for t in range(NT):
+                    with T.sblock("bag"):
+                        vt = T.axis.spatial(NT, t)
+                        T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
+                        T.writes(feat[(vt + 1) * Dp:(vt + 1) * Dp + D])
+                        if local:
+                            A = T.sblock_alloc_buffer((D,), "float32", scope=SCRATCH_SCOPE)
+                            pool(W, S, TO, I, Off, A, 0, Flag, vt, vb, NB, NNZ, R)
+                            for d2 in range(D):
+                                with T.sblock("stage_bag"):
+                                    vd2 = T.axis.spatial(D, d2)
+                                    feat[(vt + 1) * Dp + vd2] = A[vd2]
+                        else:
+                            pool(W, S, TO, I, Off, feat, (vt + 1) * Dp, Flag, vt, vb, NB, NNZ, R)
+                for f, d in T.grid(F, Dp - D):
+                    with T.sblock("stage_pad"):
+                        vf, vd = T.axis.remap("SS", [f, d])
+                        feat[vf * Dp + D + vd] = T.float32(0)
+                for k0 in range((FR - F) * Dp // VL):  # zero rows past the last feature
+                    for k1 in T.vectorized(VL):
+                        feat[F * Dp + k0 * VL + k1] = T.float32(0)
+                for blk in range(NBLK):
+                    with T.sblock("pair_block"):
+                        vblk = T.axis.spatial(NBLK, blk)
+                        T.reads(feat[0:FR * Dp], tab[0:TAB])
+                        T.writes(Out[vb, D:O])
+                        acc = T.sblock_alloc_buffer((PB * VL,), "float32")
+                        r0 = T.sblock_alloc_buffer((sizes[0],), "float32")
+                        r1 = T.sblock_alloc_buffer((sizes[1],), "float32")
+                        r2 = T.sblock_alloc_buffer((sizes[2],), "float32")
+                        r3 = T.sblock_alloc_buffer((sizes[3],), "float32")
+                        # row i against rows j0 .. j0 + PB - 1: the row-i chunk is loaded once
+                        for c, q, ln in T.grid(Dp // VL, PB, VL):
+                            with T.sblock("dot"):
+                                vc, vq, vl = T.axis.remap("RSS", [c, q, ln])
+                                with T.init():
+                                    acc[vq * VL + vl] = T.float32(0)
+                                acc[vq * VL + vl] = acc[vq * VL + vl] + (
+                                    feat[tab[vblk * 4] + vc * VL + vl]
+                                    * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
+                        reduce_and_store(acc, r0, r1, r2, r3, Out, vb, tab[vblk * 4 + 2], tab[vblk * 4 + 3])
+
+    @T.macro
+    def body(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R):
+        check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
+        check_boundaries(Off, Flag, NT * NB + 1, NNZ, OFFSETS_ERROR)
+        if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
+            samples(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R)
+        else:  # flagged: zeros, not whatever the output's memory held
+            for b, d in T.grid(NB, O):
+                with T.sblock("zero"):
+                    vb, vd = T.axis.remap("SS", [b, d])
+                    Out[vb, vd] = T.float32(0)
+
+    @T.prim_func(s_tir=True)
+    def main(x_: T.handle, w_: T.handle, toff: T.handle, ind: T.handle, off: T.handle, out_: T.handle,
+             flag: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        NB = T.int64()
+        R = T.int64()
+        NNZ = T.int64()
+        X = T.match_buffer(x_, (NB, D), "float32")
+        W = T.match_buffer(w_, (R, WD), fmt.storage)
+        TO = T.match_buffer(toff, (NT + 1,), "int64", align=8)
+        I = T.match_buffer(ind, (NNZ,), idt, align=ialign)
+        Off = T.match_buffer(off, (NT * NB + 1,), idt, align=ialign)
+        Out = T.match_buffer(out_, (NB, O), "float32")
+        Flag = T.match_buffer(flag, (1,), "int32")
+        tab = T.sblock_alloc_buffer((TAB,), "int32")
+        with T.sblock("pairs"):  # the triangle's blocks, listed once per call
+            T.reads()
+            T.writes(tab[0:TAB])
+            n = T.sblock_alloc_buffer((1,), "int32")
+            n[0] = 0
+            for i in range(F):
+                for jb in range((i + diag + PB - 1) // PB):
+                    tab[n[0] * 4] = i * Dp
+                    tab[n[0] * 4 + 1] = jb * PB * Dp
+                    tab[n[0] * 4 + 2] = (i * (i + 2 * diag - 1)) // 2 + jb * PB
+                    tab[n[0] * 4 + 3] = T.min(PB, i + diag - jb * PB)
+                    n[0] = n[0] + 1
+        if fmt.fused:
+            S = fmt.scales(W)
+            body(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R)
+        else:
+            body(X, W, W, TO, I, Off, Out, Flag, tab, NB, NNZ, R)  # S unused: the table stands in
+
+    return tvm.IRModule({"main": main})

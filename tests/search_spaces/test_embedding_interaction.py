@@ -1,0 +1,158 @@
+"""The fused embedding bags + dot interaction template against PyTorch (the batched embedding bag, then DLRM's
+interaction), for its configs, table formats and edge cases; its bounds checks and its CPU-only device kinds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import search_spaces
+from autotune.build import compile_module
+from autotune.runtime import BoundKernel, expected, expected_call, judge
+from autotune.task import make_task
+from search_spaces import IndexOutOfRange, InvalidConfig, InvalidDtype, InvalidInput, WorkloadError
+from search_spaces.batched_embedding_bag import workload as bags
+from search_spaces.batched_embedding_bag.torch_op import layout
+from search_spaces.embedding_interaction import Workload, cpu
+from search_spaces.interaction.workload import dot_interaction
+
+TPL = search_spaces.get("embedding_interaction")
+
+CASES = {
+    # D = 12: not a multiple of the 8- and 16-lane options (the staged features are zero padded); empty bags
+    "multi-hot-dim12": dict(rows=(50, 7, 300), dim=12, batch=5, pooling=(0, 3)),
+    "one-hot-self": dict(rows=(50, 7, 300, 20), dim=16, batch=7, pooling=(1, 1), self_interaction=True),
+    "int8-int32-index": dict(rows=(50, 7), dim=8, batch=9, pooling=(2, 6), dtype="int8", index_dtype="int32"),
+    "float16": dict(rows=(50, 7, 30), dim=20, batch=4, pooling=(0, 4), dtype="float16"),
+    "bfloat16-9-tables": dict(rows=(40,) * 9, dim=32, batch=6, pooling=(1, 8), dtype="bfloat16"),
+}
+
+
+def _kernel(task, cfg):
+    return BoundKernel(task.template, task.workload, cfg, compile_module(task, cfg)["main"], on_gpu=False)
+
+
+def _unfused(x, weight, table_offsets, indices, offsets, w):
+    """PyTorch's pair written out: one embedding_bag per table on its rows, stacked, then DLRM's interaction."""
+    rows, ends = table_offsets.tolist(), offsets[::w.batch].tolist()
+    table = bags.float32_table(weight, w.dtype)
+    ly = torch.stack([torch.nn.functional.embedding_bag(
+        indices[ends[t]:ends[t + 1]], table[rows[t]:rows[t + 1]], offsets[t * w.batch:(t + 1) * w.batch] - ends[t],
+        mode="sum") for t in range(w.tables)], dim=1)
+    return dot_interaction(x, ly, w.self_interaction)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_pytorch_for_the_default_and_sampled_configs(case):
+    task = make_task("embedding_interaction", "cpu", **CASES[case])
+    w = task.workload
+    inputs = TPL.inputs(w, 3)
+    exp = expected(TPL, w, *inputs)
+    torch.testing.assert_close(exp.pytorch, _unfused(*inputs, w), rtol=1e-5, atol=1e-5)
+    assert exp.pytorch.shape == (w.batch, w.dim + w.dots.pairs)
+    rng = random.Random(sum(map(ord, case)))
+    for cfg in dict.fromkeys([task.space.default(), task.space.sample(rng)]):
+        out = _kernel(task, cfg)(*inputs)
+        assert judge(out, exp).why is None, f"{cfg}: {judge(out, exp).why}"
+
+
+def test_both_accumulators_and_unrolled_rows_agree_with_pytorch():
+    task = make_task("embedding_interaction", "cpu", **CASES["multi-hot-dim12"])
+    w = task.workload
+    inputs = TPL.inputs(w, 4)
+    exp = expected(TPL, w, *inputs)
+    base = task.space.default().as_dict()
+    for change in ({"accumulator": "scratch", "unroll": 2}, {"accumulator": "local", "unroll": 2, "prefetch": 0},
+                   {"hsum": "tree", "pairs_per_block": 2, "lanes": 4, "threading": "serial"}):
+        cfg = task.space.from_json({**base, **change})
+        out = _kernel(task, cfg)(*inputs)
+        assert judge(out, exp).why is None, f"{change}: {judge(out, exp).why}"
+
+
+def test_a_bad_index_or_bag_is_flagged_and_named_for_the_operator():
+    task = make_task("embedding_interaction", "cpu", **CASES["multi-hot-dim12"])
+    w = task.workload
+    kernel = _kernel(task, task.space.default())
+    x, weight, table_offsets, indices, offsets = TPL.inputs(w, 5)
+    bad = indices.clone()
+    bad[-1] = 300  # table 2 has 300 rows
+    with pytest.raises(IndexOutOfRange, match="embedding_interaction: index 300 .* out of range for table 2"):
+        kernel(x, weight, table_offsets, bad, offsets)
+    falling = offsets.clone()
+    falling[3] = falling[2] - 1 if falling[2] > 0 else -1
+    with pytest.raises(InvalidInput, match="embedding_interaction: offsets must be non-decreasing"):
+        kernel(x, weight, table_offsets, indices, falling)
+    args, out = TPL.kernel_args(w, task.space.default(), (), x, weight, table_offsets, indices, falling)
+    out.fill_(7.0)
+    kernel.func(*args)
+    assert bool((out == 0).all())  # offsets flagged: nothing gathered, zeros written (not what memory held)
+
+
+def test_the_cancellation_case_passes_a_correct_kernel_and_fails_a_perturbed_one():
+    """`autotune check`'s case of x nearly orthogonal to the first table's bags, at magnitude 1e3: judged against
+    float64 with a bound scaled by the terms, the kernel passes; its output nudged by 1e-4 of the terms fails."""
+    task = make_task("embedding_interaction", "cpu", shape=TPL.TEST_SHAPE)
+    w = task.workload
+    binding = TPL.torch_binding()
+    name, args, kwargs = next(c for c in binding.cases(w, 0, 0) if c[0].startswith("cancelling"))
+    x, weight, table_offsets, indices, offsets = args  # the op's per-table lists: the kernel takes TBE's layout
+    exp = expected_call(TPL, w, binding.op, *args, **kwargs)
+    idx, offs, _, _ = layout(indices, offsets, kwargs["include_last_offset"])
+    out = _kernel(task, task.space.default())(x, weight, table_offsets, idx, offs)
+    assert judge(out, exp).why is None
+    pair = w.dim  # (x, table 0): the cancelling dot product
+    value, magnitude = exp.float64.value[:, pair], exp.float64.magnitude[:, pair]
+    assert bool((magnitude > 100 * value.abs()).any())  # it does cancel
+    nudged = out.clone()
+    nudged[:, pair] += (1e-3 * magnitude).float()
+    assert judge(nudged, exp).why is not None
+
+
+def test_workload_fields_are_the_bags_and_the_interactions():
+    w = Workload.from_shape("rows=100x3+7,dim=8,batch=4,pooling=1-3,dist=zipf:1.2,self=1,dtype=int8")
+    assert w.tables == 4 and w.rows == (100, 100, 100, 7) and w.pooling == (1, 3) and w.zipf_exponent == 1.2
+    assert w.bags.mode == "sum" and w.bags.rows == w.rows and w.bags.dtype == "int8"
+    assert w.dots.features == 5 and w.dots.self_interaction and w.out_dim == 8 + 15
+    assert Workload.from_json(w.to_json()) == w
+    assert TPL.Workload.from_shape(TPL.EXAMPLE_SHAPE).tables == 26
+    for bad in ("rows=10,dim=0,batch=4,pooling=1", "rows=10,dim=8,batch=4,pooling=1,dtype=int4",
+                "rows=10,dim=6,batch=4,pooling=1,dtype=int8", "rows=10,dim=8,batch=0,pooling=1"):
+        with pytest.raises(WorkloadError):
+            Workload.from_shape(bad)
+
+
+def test_check_inputs_names_the_operator_for_the_bags_and_x():
+    w = TPL.Workload.from_shape(TPL.TEST_SHAPE)
+    x, weight, table_offsets, indices, offsets = TPL.inputs(w, 0)
+    TPL.check_inputs(w, x, weight, table_offsets, indices, offsets)
+    with pytest.raises(InvalidDtype, match="embedding_interaction: x must be float32"):
+        TPL.check_inputs(w, x.double(), weight, table_offsets, indices, offsets)
+    with pytest.raises(InvalidInput, match=r"embedding_interaction: offsets must hold tables x batch \+ 1"):
+        TPL.check_inputs(w, x[:-1], weight, table_offsets, indices, offsets)
+    with pytest.raises(InvalidDtype, match="embedding_interaction: indices and offsets must be int64"):
+        TPL.check_inputs(w, x, weight, table_offsets, indices.int(), offsets)
+
+
+def test_it_runs_on_cpus_only():
+    assert TPL.DEVICE_KINDS == ("cpu",)
+    with pytest.raises(InvalidConfig, match="embedding_interaction runs on CPUs only"):
+        make_task("embedding_interaction", "cuda:sm_90", shape=TPL.TEST_SHAPE).space
+    space = make_task("embedding_interaction", "cpu", shape=TPL.TEST_SHAPE).space
+    assert {k.name for k in space.knobs} >= {"prefetch", "accumulator", "lanes", "pairs_per_block", "samples_per_task"}
+    one_hot = make_task("embedding_interaction", "cpu", rows=(9, 9), dim=8, batch=2, pooling=(1, 1)).space
+    assert next(k for k in one_hot.knobs if k.name == "unroll").values == (1,)  # one row per bag: no unroll
+    gpu = make_task("embedding_interaction", "cuda:sm_90", shape=TPL.TEST_SHAPE)
+    with pytest.raises(InvalidConfig, match="no CPU schedule for target kind 'cuda'"):
+        cpu.lower(gpu.workload, space.default(), gpu.device.target())
+
+
+def test_check_cases_keep_their_tables_small_and_their_batches_matched():
+    from search_spaces.embedding_interaction.torch_op import CASE_ROWS
+
+    w = Workload(rows=(3 * CASE_ROWS, 5), dim=4, batch=3, pooling=(1, 2))
+    for name, (x, weight, table_offsets, indices, offsets), kwargs in TPL.torch_binding().cases(w, 0, 1):
+        rows = table_offsets.diff().tolist()
+        assert rows[0] <= CASE_ROWS + 7 and rows[1] <= 5 + 7, name  # ("tables of 7 rows more")
+        assert x.shape == (offsets[0].numel() - int(kwargs["include_last_offset"]), w.dim), name
