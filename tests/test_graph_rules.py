@@ -343,13 +343,18 @@ def test_int8_rule_batches_the_bags_over_int8_rows_and_leaves_the_model_its_fp32
         assert not torch.equal(gm(*inputs)[0], model(*inputs)[0])  # int8 numerics, not the fp32 tables
 
 
-def test_int8_rule_simulation_is_the_kernel_numerics_and_within_its_tolerance():
-    model = Tables()
+def _int8_tables_match(claimed=()):
+    """(captured Tables, its example values, the int8 tables rule's one match with `claimed` blocked)."""
     args = _table_inputs(6)
-    gm = capture(model, args)
+    gm = capture(Tables(), args)
     values = example_values(gm, args)
-    (m,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, set())
+    (m,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, set(claimed))
             if isinstance(f, GraphMatch)]
+    return gm, values, m
+
+
+def test_int8_rule_simulation_is_the_kernel_numerics_and_within_its_tolerance():
+    gm, values, m = _int8_tables_match()
     bag = m.nodes[0]
     table = gm.get_parameter(bag.args[0].target)
     idx, off = values[bag.args[1].name], values[bag.args[2].name]
@@ -362,12 +367,7 @@ def test_int8_rule_simulation_is_the_kernel_numerics_and_within_its_tolerance():
 
 
 def test_tables_held_in_fp32_leave_the_int8_group_to_the_fp32_rule():
-    model = Tables()
-    args = _table_inputs(6)
-    gm = capture(model, args)
-    values = example_values(gm, args)
-    (m,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, set())
-            if isinstance(f, GraphMatch)]
+    gm, values, m = _int8_tables_match()
     held = {m.nodes[0]}  # the first table's bag, as tune_model blocks a layer kept in fp32
     (m8,) = [f for f in rule("batched_embedding_bag", "batched_embedding_bag_int8").find(gm, values, held)
              if isinstance(f, GraphMatch)]
