@@ -21,6 +21,7 @@ instructions (elsewhere oneDNN would emulate them, slower than fp32).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Optional
 
 import torch
@@ -72,12 +73,18 @@ def dense_linear_bf16(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: b
     same rounding steps in PyTorch)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous().to(torch.bfloat16)
-    if x.is_cpu and available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if x.is_cpu and _onednn_bf16():
         y = torch.ops.mkldnn._linear_pointwise(x2, _packed(weight), bias, "relu" if relu else "none", [], "")
     else:
         y = simulated_bf16(x2, weight, bias)
         y = torch.relu(y) if relu else y
     return y.to(torch.float32).reshape(*lead, weight.shape[0])
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """Whether oneDNN's linear takes bf16 here (natively or emulated): asked once, not per call."""
+    return available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 @dense_linear_bf16.register_fake
