@@ -53,7 +53,10 @@ def quantize_rows(x: Any, qmax: int = QMAX) -> tuple[Any, Any]:
     The torch op's PyTorch implementation and the reference kernels are checked against."""
     import torch
 
-    scale = x.abs().amax(dim=1).clamp_min(EPS) / float(qmax)
+    amax = x.abs().amax(dim=1).clamp_min(EPS)
+    # divided by a tensor, not a Python number: on a GPU PyTorch turns division by a scalar into a multiplication
+    # by its reciprocal, one ulp off the IEEE quotient for some rows (and q one off where x / scale sits at .5)
+    scale = amax / torch.full_like(amax, float(qmax))
     return torch.round(x / scale[:, None]).clamp_(-qmax, qmax).to(torch.int8), scale
 
 

@@ -4,6 +4,7 @@ it), and the CUDA kernels (built with nvcc within the device's limits, and emula
 
 import warnings
 
+import numpy as np
 import pytest
 from conftest import cpu_flags, load_counting, needs_gxx
 import torch
@@ -59,6 +60,19 @@ def test_boundary_inputs_tell_division_from_reciprocal_and_rounding_modes():
     t = x / s[:, None]
     half_away = (torch.sign(t) * torch.floor(t.abs() + 0.5)).clamp(-127, 127).to(torch.int8)
     assert (q != by_reciprocal).float().mean() > 0.02 and (q != half_away).float().mean() > 0.2
+
+
+def test_the_scale_is_the_ieee_quotient_where_a_reciprocal_product_is_one_ulp_off():
+    """PyTorch on a GPU multiplies by 1/qmax where a Python number divides (seen on an H200: every CUDA kernel
+    failed a reference that did so): the semantics divide by a tensor, whose quotient numpy's IEEE division
+    gives on any device."""
+    amax = np.random.default_rng(3).uniform(1e-3, 1e3, 4096).astype(np.float32)
+    ieee = amax / np.float32(127)
+    by_reciprocal = amax * (np.float32(1) / np.float32(127))
+    assert (ieee != by_reciprocal).mean() > 0.02  # these rows (about 5%) tell the two apart
+    x = torch.from_numpy(np.stack([amax, -amax / 3], axis=1))
+    _, s = quantize_rows(x)
+    assert np.array_equal(s.numpy(), ieee)
 
 
 def test_seven_bit_range_scales_by_63_and_clamps_there():
