@@ -62,52 +62,26 @@ def tune(task: Task, trials: int, log: str | Path | TuningLog, strategy: str = "
     batch_size = declared.default_batch if batch_size is None else batch_size
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    feature_set = resolve_feature_set(features)
-    if transfer_as not in TRANSFER_AS:
-        raise ValueError(f"transfer_as must be one of {', '.join(TRANSFER_AS)}, got {transfer_as!r}")
-    retry = check_error_kinds(retry_errors)
-    propose = declared.bind(options or {})
-    space = task.space
-    rng = random.Random(seed)
-
     log = log if isinstance(log, TuningLog) else TuningLog(log)
-    mine = log.resume_set(task, retry, include_stale)
-    seen: set[Config] = set()
-    for r in mine:
-        try:
-            seen.add(space.from_json(r.config))
-        except InvalidConfig:
-            pass
-
-    model = _Model(task, space, feature_set, include_stale, seed, transfer_as) \
-        if declared.needs_model else None
-    if model is not None:
-        model.learn(log.records + records.load_many(_transfer_logs(task, transfer, log.paths)))
-
+    proposer = Proposer(task, log, strategy, seed, None, include_stale, retry_errors, transfer, features,
+                        transfer_as, options)
     if runner is None:
         require_local_device(task)  # before anything is built
     own_builder, own_runner = builder is None, runner is None
-    builder = builder or Builder()
+    proposer.builder = builder = builder or Builder()
     runner = runner or LocalRunner(timing)
-    extra = model.search_arguments(builder, propose) if model is not None else {}
     bar = _progress(trials, task, progress)
     result = TuneResult(best=log.best(task, include_stale), measured=0,
-                        resumed=log.resumed(task, retry, include_stale))
+                        resumed=log.resumed(task, proposer.retry, include_stale))
     since_improvement = 0
     try:
         while result.measured < trials:
-            n = min(batch_size, trials - result.measured)
-            elites = [space.from_json(r.config) for r in sorted((r for r in mine if r.ok),
-                                                                 key=lambda r: r.latency)[:16]]
-            score = model.score if model is not None and model.trained else None
-            batch = propose(space, seen, n, rng, score, elites=elites, **(extra if score else {}))
+            batch = proposer.ask(min(batch_size, trials - result.measured))
             if not batch:
                 break  # the whole space is measured
-            seen.update(batch)
-            measured = runner.measure(task, builder.build(task, batch))
-            new = [_to_record(task, m) for m in measured]
+            new = [_to_record(task, m) for m in runner.measure(task, builder.build(task, batch))]
             log.append(new)
-            mine += new
+            proposer.tell(new)
             result.trials += new
             for r in new:
                 result.measured += 1
@@ -117,18 +91,15 @@ def tune(task: Task, trials: int, log: str | Path | TuningLog, strategy: str = "
                 else:
                     since_improvement += 1
                 result.curve.append(result.best.latency if result.best else math.inf)
-            if model is not None:
-                model.learn(new)
             bar.update(len(new))
             if result.best is not None:
                 bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms")
             if early_stopping and since_improvement >= early_stopping:
                 break
         if confirm and result.measured:
-            again = _leaders(mine, task, confirm)
+            again = _leaders(proposer.mine, task, confirm)
             confirmed = [_to_record(task, m) for m in runner.measure(task, builder.build(task, again))]
             log.append(confirmed)
-            mine += confirmed
             result.best = log.best(task, include_stale)
             if result.best is not None:
                 bar.set_postfix_str(f"best {result.best.latency * 1e3:.3f} ms (confirmed)")
@@ -139,6 +110,62 @@ def tune(task: Task, trials: int, log: str | Path | TuningLog, strategy: str = "
         if own_runner:
             runner.close()
     return result
+
+
+class Proposer:
+    """What the tuner measures next, apart from measuring it (ask and tell): `ask(n)` gives the next configs,
+    `tell(records)` what became of them. `tune` is this with a runner in a loop; where the tuner cannot reach
+    the device (a GPU lent for minutes: `benchmarks/gpu_check.py prepare --guided`) the batch is asked for
+    here, measured there, and its records told to the log (and the next proposer) later.
+
+    The task's records in `log` are the resume set (never proposed again, except errors of a kind in
+    `retry_errors` and those only the harness failed on); they, the rest of `log` and the `transfer` logs train
+    the strategy's cost model (see `tune` for `include_stale`, `transfer`, `features`, `transfer_as`,
+    `options`). `builder` (or one set before the first `ask`) lowers the shortlist a program-feature model
+    reranks."""
+
+    def __init__(self, task: Task, log: TuningLog, strategy: str = "xgb", seed: int = 0,
+                 builder: Builder | None = None, include_stale: bool = False, retry_errors: Iterable[str] = (),
+                 transfer: Iterable[str | Path] | None = None, features: str = "auto",
+                 transfer_as: str = "pooled", options: dict[str, Any] | None = None):
+        declared = strategy_named(strategy)
+        feature_set = resolve_feature_set(features)
+        if transfer_as not in TRANSFER_AS:
+            raise ValueError(f"transfer_as must be one of {', '.join(TRANSFER_AS)}, got {transfer_as!r}")
+        self.task, self.space, self.retry = task, task.space, check_error_kinds(retry_errors)
+        self._propose = declared.bind(options or {})
+        self._rng = random.Random(seed)
+        self.mine = log.resume_set(task, self.retry, include_stale)
+        self.seen: set[Config] = set()
+        for r in self.mine:
+            try:
+                self.seen.add(self.space.from_json(r.config))
+            except InvalidConfig:
+                pass
+        self.model = _Model(task, self.space, feature_set, include_stale, seed, transfer_as) \
+            if declared.needs_model else None
+        if self.model is not None:
+            self.model.learn(log.records + records.load_many(_transfer_logs(task, transfer, log.paths)))
+        self.builder = builder  # may be set later, before the first ask
+        self._extra: dict[str, Any] | None = None
+
+    def ask(self, n: int) -> list[Config]:
+        """Up to `n` configs never proposed or measured before (fewer once the space runs out)."""
+        elites = [self.space.from_json(r.config)
+                  for r in sorted((r for r in self.mine if r.ok), key=lambda r: r.latency)[:16]]
+        score = self.model.score if self.model is not None and self.model.trained else None
+        if score is not None and self._extra is None:
+            self._extra = self.model.search_arguments(self.builder, self._propose)
+        batch = self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
+                              **(self._extra if score else {}))
+        self.seen.update(batch)
+        return batch
+
+    def tell(self, recs: Sequence[records.Record]) -> None:
+        """Records of this task's measurements (the model learns from them)."""
+        self.mine += recs
+        if self.model is not None:
+            self.model.learn(recs)
 
 
 ENUMERATE_LIMIT = 200_000  # spaces up to this many knob combinations are scored whole, not annealed

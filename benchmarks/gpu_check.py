@@ -130,6 +130,16 @@ def choose_configs(task: Any, n: int, seed: int) -> list[Any]:
     return chosen[:n]
 
 
+def guided_configs(task: Any, n: int, log_dir: Path, seed: int, builder: Any) -> list[Any]:
+    """Up to `n` configs the tuner would measure next, given what `log_dir` (a GPU check's ingested records)
+    already holds for the task: a second run's candidates, ranked by the cost model those records trained
+    (the same proposal as `autotune tune`, measured on the lent GPU instead of here)."""
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+
+    return Proposer(task, TuningLog(log_dir / f"{task.op}.jsonl"), "xgb", seed, builder).ask(n)
+
+
 def describe_args(task: Any, cfg: Any, inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
     """The kernel's arguments for these inputs, as TVM's `main` takes them: shapes and dtypes of tensors,
     values of numbers (what the launch is recorded with, and the fallback launcher checks)."""
@@ -220,10 +230,12 @@ def record_launches(out: Path, python: str, batches: Iterable[Path] = (), verify
 # ---- prepare -------------------------------------------------------------------------------------------------
 def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0, ops: Iterable[str] = OPS,
             shapes: dict[str, tuple[str, ...]] | None = None, wheels: Path | None = None,
-            python: str | None = None, say: Callable[[str], None] = functools.partial(print, flush=True)
-            ) -> dict[str, Any]:
+            python: str | None = None, say: Callable[[str], None] = functools.partial(print, flush=True),
+            guided: Path | None = None) -> dict[str, Any]:
     """Write DIR (see the module docstring); returns a summary (sizes, times, counts). `shapes` replaces
-    SHAPES per operator; `python` runs the recording (default: the device image's Python, else this one)."""
+    SHAPES per operator; `python` runs the recording (default: the device image's Python, else this one).
+    `guided` (a log directory, e.g. logs/cuda after an ingest) picks each task's candidates by the cost model
+    instead (`guided_configs`): a second run measures what the first one taught it to expect fastest."""
     import tvm
 
     from autotune import package
@@ -250,7 +262,8 @@ def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0,
         for n, (op, shape) in enumerate(order):
             t1 = time.perf_counter()
             task = make_task(op, f"cuda:{arch}", shape=shape)
-            configs = choose_configs(task, candidates, seed)
+            configs = (guided_configs(task, candidates, guided, seed, builder) if guided is not None else
+                       choose_configs(task, candidates, seed))
             built = builder.build(task, configs)
             build_s = time.perf_counter() - t1
             name = f"{n:02d}-{op}"
@@ -286,7 +299,8 @@ def prepare(out: Path, candidates: int = 64, arch: str = "sm_90", seed: int = 0,
     device_env.write_json(out / device_env.PLAN, {
         "format": 1, "device": f"cuda:{arch}", "card": spec_gpu.card, "batches": names,
         "roofs": {"bandwidth": spec_gpu.bandwidth, "peak_int8_tc": spec_gpu.peak_int8_tc},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "candidates": candidates})
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "candidates": candidates,
+        "chosen_by": f"the cost model over {guided}" if guided is not None else "default, picks, samples"})
     with gzip.open(out / FEATURES, "wt") as f:
         json.dump(features, f)
     python = python or device_python() or sys.executable
@@ -369,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     pp.add_argument("--wheels", type=Path, help="directory holding the device's wheels (default: a cache, "
                     "filled by pip download)")
     pp.add_argument("--python", help="the Python to record launches with (default: the device image's version)")
+    pp.add_argument("--guided", type=Path, metavar="LOG_DIR",
+                    help="choose each task's candidates with the cost model trained on LOG_DIR's records (e.g. "
+                         "logs/cuda after ingesting a first run) instead of default, picks and samples")
     pi = sub.add_parser("ingest", help="append a GPU check's results to the tuning logs")
     pi.add_argument("results", type=Path, help="OUT/gpu_check/results.json (or the folder holding it)")
     pi.add_argument("--prepared", type=Path, help="the prepared DIR: records get the candidates' program features")
@@ -387,7 +404,10 @@ def main(argv: list[str] | None = None) -> None:
             if not sep or op not in ops:
                 p.error(f"--shape {item!r}: expected OP=SHAPE with OP one of {', '.join(ops)}")
             shapes[op] = shapes.get(op, ()) + (shape,)
-        summary = prepare(args.out, args.candidates, args.arch, args.seed, ops, shapes, args.wheels, args.python)
+        if args.guided is not None and not args.guided.is_dir():
+            p.error(f"--guided {args.guided}: not a directory of tuning logs")
+        summary = prepare(args.out, args.candidates, args.arch, args.seed, ops, shapes, args.wheels, args.python,
+                          guided=args.guided)
         print(f"prepared {args.out}: {sum(b['built'] for b in summary['batches'].values())} candidates in "
               f"{len(summary['batches'])} batches, {summary['bytes'] / 2**20:.1f} MiB, {summary['s']:.0f} s "
               f"(launches recorded with {summary['record_python']} in {summary['record_s']:.0f} s)")

@@ -123,6 +123,25 @@ def test_configs_come_default_then_hand_picked_then_sampled_per_path():
     assert {space.path_of(c)[0] for c in configs[-9:]} == {"mma", "dp4a", "plain"}  # sampled per path in turn
 
 
+def test_a_guided_second_run_skips_what_the_first_measured_and_leads_with_the_models_pick(tmp_path):
+    """After an ingest, `prepare --guided` asks the tuner: none of the measured configs again, and the first
+    candidate is the one the model ranks fastest among the unmeasured (the first run's fastest tiling's
+    neighbourhood, not the default)."""
+    from autotune import records
+    from autotune.build import Builder
+    from autotune.task import make_task
+
+    task = make_task("qmatmul", "cuda:sm_90", shape=gpu_check.SHAPES["qmatmul"][0])
+    first = gpu_check.choose_configs(task, 24, seed=0)
+    # a first run's records: tensor-core tiles fast, the rest ten times slower
+    costs = [(1e-5 if task.space.path_of(c)[0] == "mma" else 1e-4) * (1 + i / 100) for i, c in enumerate(first)]
+    records.append(tmp_path / "qmatmul.jsonl", [task.record(c, costs=(t,)) for c, t in zip(first, costs)])
+    with Builder(timeout=120) as builder:
+        guided = gpu_check.guided_configs(task, 8, tmp_path, seed=0, builder=builder)
+    assert len(guided) == 8 and not set(guided) & set(first)
+    assert task.space.path_of(guided[0])[0] == "mma"
+
+
 @needs_device_python
 def test_device_chain_loads_calls_and_launches_every_module(prepared, tmp_path):
     """With the device image's Python and the carried wheel: every module's host code is loaded by tvm_ffi and

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import json
+import random
 
 import pytest
 import torch
@@ -238,3 +239,27 @@ def test_transfer_warms_the_first_batch_and_cold_starts_spread_out(tmp_path, wor
         tune(task, trials=1, log=tmp_path / "x.jsonl", features="knob", progress=False)
     with pytest.raises(ValueError, match="transfer_as must be one of prior, pooled, got 'blend'"):  # any strategy
         tune(task, trials=1, log=tmp_path / "x.jsonl", strategy="random", transfer_as="blend", progress=False)
+
+
+@pytest.mark.parametrize("strategy", ["random", "xgb"])
+def test_a_proposer_asks_for_what_the_log_lacks_and_learns_what_it_is_told(tmp_path, strategy):
+    """Ask and tell without measuring (how a lent GPU's second run is chosen): the log's configs are never
+    asked for, nor what was asked before, and told records train the model."""
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    log = tmp_path / "eb.jsonl"
+    known = [task.space.default()] + [task.space.sample(random.Random(i)) for i in range(6)]
+    known = list(dict.fromkeys(known))
+    records.append(log, [task.record(c, costs=(1e-3 * (i + 1),)) for i, c in enumerate(known)])
+    proposer = Proposer(task, TuningLog(log), strategy, seed=0, transfer=())
+    first = proposer.ask(5)
+    assert len(first) == 5 and not set(first) & set(known)
+    second = proposer.ask(5)
+    assert not set(second) & (set(first) | set(known))
+    if strategy == "xgb":
+        assert proposer.model.trained  # from the log's records alone (transfer=())
+        fitted = len(proposer.model.main.training.latencies)
+        proposer.tell([task.record(c, costs=(5e-4,)) for c in first])
+        assert len(proposer.model.main.training.latencies) == fitted + 5
