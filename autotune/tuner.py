@@ -97,7 +97,7 @@ def tune(task: Task, trials: int, log: str | Path | TuningLog, strategy: str = "
             if early_stopping and since_improvement >= early_stopping:
                 break
         if confirm and result.measured:
-            again = _leaders(proposer.mine, task, confirm)
+            again = proposer.leaders(confirm)
             confirmed = [_to_record(task, m) for m in runner.measure(task, builder.build(task, again))]
             log.append(confirmed)
             result.best = log.best(task, include_stale)
@@ -160,6 +160,17 @@ class Proposer:
                               **(self._extra if score else {}))
         self.seen.update(batch)
         return batch
+
+    def leaders(self, n: int) -> list[Config]:
+        """The n measured configs whose pooled measurements are fastest: what a run confirms before it ends."""
+        left, out = list(self.mine), []
+        while len(out) < n:
+            top = records.best(left, self.task.op, self.task.workload_key, self.task.device.name)
+            if top is None:
+                break
+            out.append(self.space.from_json(top.config))
+            left = [r for r in left if r.config_key != top.config_key]
+        return out
 
     def tell(self, recs: Sequence[records.Record]) -> None:
         """Records of this task's measurements (the model learns from them)."""
@@ -264,18 +275,6 @@ def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, own: Seque
             raise FileNotFoundError(f"transfer logs not found: {', '.join(missing)}")
     mine = {p.resolve() for p in own}
     return [p for p in paths if p.resolve() not in mine]
-
-
-def _leaders(recs: list[records.Record], task: Task, n: int) -> list[Config]:
-    """The n configs whose pooled measurements are fastest."""
-    left, out = list(recs), []
-    while len(out) < n:
-        top = records.best(left, task.op, task.workload_key, task.device.name)
-        if top is None:
-            break
-        out.append(task.space.from_json(top.config))
-        left = [r for r in left if r.config_key != top.config_key]
-    return out
 
 
 def check_error_kinds(kinds: Iterable[str]) -> set[str]:

@@ -130,14 +130,17 @@ def choose_configs(task: Any, n: int, seed: int) -> list[Any]:
     return chosen[:n]
 
 
-def guided_configs(task: Any, n: int, log_dir: Path, seed: int, builder: Any) -> list[Any]:
-    """Up to `n` configs the tuner would measure next, given what `log_dir` (a GPU check's ingested records)
-    already holds for the task: a second run's candidates, ranked by the cost model those records trained
-    (the same proposal as `autotune tune`, measured on the lent GPU instead of here)."""
+def guided_configs(task: Any, n: int, log_dir: Path, seed: int, builder: Any, confirm: int = 3) -> list[Any]:
+    """Up to `n` configs for a second run, given what `log_dir` (a GPU check's ingested records) holds for the
+    task: those the tuner would measure next, ranked by the cost model those records trained (the proposal of
+    `autotune tune`, measured on the lent GPU instead of here), then the `confirm` fastest measured ones again
+    (as a tuning run ends: the best is the fastest over both runs, and their spread is the runs' noise)."""
     from autotune.tuner import Proposer
     from autotune.tuning_log import TuningLog
 
-    return Proposer(task, TuningLog(log_dir / f"{task.op}.jsonl"), "xgb", seed, builder).ask(n)
+    proposer = Proposer(task, TuningLog(log_dir / f"{task.op}.jsonl"), "xgb", seed, builder)
+    again = proposer.leaders(confirm)
+    return proposer.ask(n - len(again)) + again
 
 
 def describe_args(task: Any, cfg: Any, inputs: tuple[Any, ...]) -> list[dict[str, Any]]:
