@@ -162,3 +162,20 @@ def test_program_features_round_trip_and_lines_without_them_load(tmp_path):
         a, b = records.load(log)
     assert a == with_features and a.features["p.sum.0"] == 1.5
     assert b.config_key == "old" and b.features is None and b.features_version == "" and b.ok
+
+
+def test_every_shipped_log_is_current_for_the_code_that_ships_with_it():
+    """A change to a template's generated-code closure makes its shipped records stale (the tuner, `best` and
+    the torch ops then ignore them) unless they are retagged after proving the code unchanged: this fails the
+    change that forgets."""
+    import search_spaces
+
+    stale = []
+    for op in search_spaces.names():
+        for kind in ("cpu", "cuda"):
+            for path in records.shipped_logs(op, kind):
+                versions = {r.template_version for r in records.load(path) if r.op == op}
+                if records.current_version(op, kind) not in versions:
+                    stale.append(f"{path}: {op} on {kind} is {records.current_version(op, kind)}, the log has "
+                                 f"{sorted(versions)}")
+    assert not stale, "\n".join(stale)
