@@ -336,9 +336,13 @@ def probe(cubin: Path | None) -> dict[str, Any]:
     p = torch.cuda.get_device_properties(0)
     info.update(gpu=p.name, capability=f"sm_{p.major}{p.minor}", sms=p.multi_processor_count,
                 l2_bytes=int(getattr(p, "L2_cache_size", 0)), memory_bytes=int(p.total_memory))
-    try:
-        info["driver"] = torch._C._cuda_getDriverVersion()
-    except Exception:  # noqa: BLE001 -- informational
+    try:  # the CUDA version the driver supports (torch 2.11 has no call for it)
+        import ctypes
+
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            info["driver"] = f"CUDA {version.value // 1000}.{version.value % 1000 // 10}"
+    except (OSError, AttributeError):  # informational
         pass
     n = 1 << 30
     src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
