@@ -1,16 +1,16 @@
 """This machine's measured limits: the roof a kernel's GB/s, GFLOPS or GOPS is a share of.
 
-Three microbenchmarks in one small C program, compiled once with the system's compiler
-(`cc -O3 -march=native -fopenmp`) and run with as many threads as TVM's pool uses (TVM_NUM_THREADS):
-- random-row gather: sum uniformly random rows of a (rows, dim) fp32 table, nothing else per row, into
-  ROW_CHAINS independent accumulators (so no add waits on the last row's: as many misses in flight as the
-  out-of-order window and the prefetches allow), with software prefetch at several distances; the best is
-  the roof of an embedding bag (whose GB/s counts gathered rows the same way, so a Zipf stream whose hot
-  rows stay in cache can exceed it);
+Three microbenchmarks in one small C program, compiled with the system's compiler (`cc -O3 -march=native
+-fopenmp`, once per gathered row width) and run with as many threads as TVM's pool uses (TVM_NUM_THREADS):
+- random-row gather: sum uniformly random rows of a (rows, dim) fp32 table in bags of 32, nothing else per
+  row, into ROW_CHAINS independent register accumulators (so no add waits on the last row's: as many misses
+  in flight as the out-of-order window and the prefetches allow), with software prefetch at several
+  distances; the best is the roof of an embedding bag (whose GB/s counts gathered rows the same way, so a
+  Zipf stream whose hot rows stay in cache can exceed it);
 - fp32 FMA peak: independent vector FMA chains per thread, enough of them to be throughput-bound;
 - int8 peak: u8 x s8 -> s32 dot products, `vpdpbusd` where the CPU has AVX512-VNNI or AVX-VNNI, else AVX2's
   `pmaddubsw` + `pmaddwd` + add (what int8 GEMMs use there); 2 ops per multiply-add, as qmatmul counts.
-The program is compiled once into ~/.cache/autotune/; each roof is measured once per process, in the same run
+The programs are compiled once into ~/.cache/autotune/; each roof is measured once per process, in the same run
 as the kernels it is compared with (a second or so).
 """
 
@@ -147,21 +147,28 @@ static double int8_peak(long iters, const char **how) {
     return best;
 }
 
-/* Bytes of gathered rows per second, best of several prefetch distances; also a sequential read. Row i adds
-   into accumulator i % ROW_CHAINS: the adds of consecutive rows are independent, as an unrolled kernel's. */
+/* Bytes of gathered rows per second, best of several prefetch distances; also a sequential read. The row width
+   is the compile-time DIM (the program is built per width), so the loop holds a bag's sums in registers as a
+   generated kernel does: bags of BAG rows, row i of a bag into chain i % ROW_CHAINS (consecutive rows' adds are
+   independent), each bag's sums written once. A runtime width with sums in memory measured half as fast. */
+#ifndef DIM
+#define DIM 64
+#endif
 #define ROW_CHAINS 4
-static void gather(long rows, long dim, long n) {
-    float *w = aligned_alloc(64, ((rows * dim * sizeof(float)) + 63) / 64 * 64);
+#define BAG 32
+static void gather(long rows, long n) {
+    size_t bytes_w = ((size_t)rows * DIM * sizeof(float) + 63) / 64 * 64;
+    float *w = aligned_alloc(64, bytes_w);
     int64_t *idx = malloc(n * sizeof(int64_t));
-    float *out = calloc((size_t)omp_get_max_threads() * ROW_CHAINS * dim, sizeof(float));
+    float *out = calloc((size_t)omp_get_max_threads() * DIM, sizeof(float));
     #pragma omp parallel for
-    for (long i = 0; i < rows * dim; i++) w[i] = (float)(i & 1023);
+    for (long i = 0; i < rows * DIM; i++) w[i] = (float)(i & 1023);
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (long i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; idx[i] = (int64_t)(s % (uint64_t)rows); }
-    long row_bytes = dim * (long)sizeof(float);
-    double bytes = (double)n * dim * sizeof(float);
-    const int dists[] = {0, 4, 8, 16, 32, 64, 128};
-    for (int d = 0; d < 7; d++) {
+    const long row_bytes = DIM * (long)sizeof(float);
+    double bytes = (double)n * row_bytes;
+    const int dists[] = {0, 8, 16, 32, 64, 128};
+    for (int d = 0; d < 6; d++) {
         int p = dists[d];
         double best = 1e30, spent = 0;
         for (int rep = 0; rep < 20 && (rep < 3 || spent < 0.2); rep++) {
@@ -170,16 +177,25 @@ static void gather(long rows, long dim, long n) {
             {
                 int t = omp_get_thread_num(), nt = omp_get_num_threads();
                 long lo = n * t / nt, hi = n * (t + 1) / nt;
-                float *acc = out + (long)t * ROW_CHAINS * dim;
-                for (long i = lo; i < hi; i++) {
-                    if (p && i + p < hi) {  /* every line the row touches (rows of 72 bytes straddle 2) */
-                        const char *r = (const char *)(w + idx[i + p] * dim);
-                        for (const char *q = (const char *)((uintptr_t)r & ~(uintptr_t)63); q < r + row_bytes; q += 64)
-                            __builtin_prefetch(q, 0, 3);
-                    }
-                    const float *row = w + idx[i] * dim;
-                    float *a = acc + (i % ROW_CHAINS) * dim;
-                    for (long k = 0; k < dim; k++) a[k] += row[k];
+                float *o = out + (long)t * DIM;
+                for (long b = lo; b < hi; b += BAG) {
+                    float acc[ROW_CHAINS][DIM];
+                    memset(acc, 0, sizeof acc);
+                    long e = b + BAG < hi ? b + BAG : hi;
+                    for (long i0 = b; i0 < e; i0 += ROW_CHAINS)
+                        for (int c = 0; c < ROW_CHAINS; c++) {  /* unrolled: chain c's sums stay in registers */
+                            long i = i0 + c;
+                            if (i >= e) break;
+                            if (p && i + p < hi) {  /* every line the row touches (rows of 72 bytes straddle 2) */
+                                const char *r = (const char *)(w + idx[i + p] * DIM);
+                                for (const char *q = (const char *)((uintptr_t)r & ~(uintptr_t)63); q < r + row_bytes; q += 64)
+                                    __builtin_prefetch(q, 0, 3);
+                            }
+                            const float *restrict row = w + idx[i] * DIM;
+                            for (int k = 0; k < DIM; k++) acc[c][k] += row[k];
+                        }
+                    for (int c = 0; c < ROW_CHAINS; c++)
+                        for (int k = 0; k < DIM; k++) o[k] += acc[c][k];
                 }
             }
             double dt = now() - t0; spent += dt;
@@ -194,14 +210,14 @@ static void gather(long rows, long dim, long n) {
         #pragma omp parallel
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            float *acc = out + (long)t * dim;
+            float *acc = out + (long)t * DIM;
             for (long i = seq * t / nt; i < seq * (t + 1) / nt; i++)
-                for (long k = 0; k < dim; k++) acc[k] += w[i * dim + k];
+                for (long k = 0; k < DIM; k++) acc[k] += w[i * DIM + k];
         }
         double dt = now() - t0;
         if (dt < best) best = dt;
     }
-    printf("sequential %.6f\n", (double)seq * dim * sizeof(float) / best / 1e9);
+    printf("sequential %.6f\n", (double)seq * row_bytes / best / 1e9);
     fprintf(stderr, "sink %g\n", out[0]);
     free(w); free(idx); free(out);
 }
@@ -214,8 +230,12 @@ int main(int argc, char **argv) {
         printf("int8 %.6f %s\n", r / 1e9, how);
         return 0;
     }
-    if (argc >= 5 && !strcmp(argv[1], "gather")) { gather(atol(argv[2]), atol(argv[3]), atol(argv[4])); return 0; }
-    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N\n");
+    if (argc >= 5 && !strcmp(argv[1], "gather")) {
+        if (atol(argv[3]) != DIM) { fprintf(stderr, "this program gathers rows of %d floats, not %s\n", DIM, argv[3]); return 2; }
+        gather(atol(argv[2]), atol(argv[4]));
+        return 0;
+    }
+    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N (DIM: the one it was built for)\n");
     return 2;
 }
 """
@@ -245,14 +265,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def binary() -> Path:
-    """The microbenchmark, compiled on first use (keyed by its source and the compiler)."""
+def binary(dim: int = 64) -> Path:
+    """The microbenchmark, its gather built for rows of `dim` floats, compiled on first use (keyed by its
+    source, the width and the compiler)."""
     cc = os.environ.get("CC", "cc")
     path = shutil.which(cc)
     if path is None:
         raise RooflineUnavailable(f"no C compiler ({cc!r} not found; install gcc or set CC) to measure the roofline")
     digest = hashlib.sha256((SOURCE + path).encode()).hexdigest()[:16]
-    exe = cache_dir() / f"roofline-{digest}"
+    exe = cache_dir() / f"roofline-{digest}-dim{dim}"
     if exe.exists():
         return exe
     exe.parent.mkdir(parents=True, exist_ok=True)
@@ -260,7 +281,7 @@ def binary() -> Path:
         src = Path(tmp) / "roofline.c"
         src.write_text(SOURCE)
         built = Path(tmp) / "roofline"
-        proc = subprocess.run([path, "-O3", "-march=native", "-fopenmp", str(src), "-o", str(built)],
+        proc = subprocess.run([path, "-O3", "-march=native", "-fopenmp", f"-DDIM={dim}", str(src), "-o", str(built)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
@@ -269,10 +290,10 @@ def binary() -> Path:
     return exe
 
 
-def _run(*args: str) -> list[list[str]]:
+def _run(*args: str, dim: int = 64) -> list[list[str]]:
     """The microbenchmark's output lines, split; run on `threads()` OpenMP threads."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads()), "OMP_PROC_BIND": "false"}
-    proc = subprocess.run([str(binary()), *args], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([str(binary(dim)), *args], capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0:
         raise RooflineUnavailable(f"the roofline microbenchmark failed: {proc.stderr.strip()[-300:]}")
     return [line.split() for line in proc.stdout.splitlines() if line.strip()]
@@ -315,7 +336,7 @@ def int8_peak() -> Roof:
 def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES) -> dict[str, float]:
     """GB/s of the random-row gather per prefetch distance ("prefetch N") and of a sequential read."""
     out = {}
-    for line in _run("gather", str(rows), str(dim), str(n)):
+    for line in _run("gather", str(rows), str(dim), str(n), dim=dim):
         out[f"prefetch {line[1]}" if line[0] == "gather" else line[0]] = float(line[-1])
     return out
 
