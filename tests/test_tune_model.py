@@ -682,3 +682,20 @@ def test_a_site_whose_task_found_no_kernel_is_kept_with_the_reason():
     assert "was not tuned" in ready(site(dict(fields, dim=8)))
     failed.record = object()  # a best record: the site may be tried
     assert ready(site(fields)) is None
+
+
+def test_a_layer_left_in_fp32_says_why_each_reduced_precision_rule_left_it():
+    """int8 may refuse a layer by its shape and bf16 then lose its speed check: the report names both, so it
+    does not read as if int8's refusal alone kept the layer in fp32."""
+    from autotune.torch.tune_model import _why_kept
+    from search_spaces.template import Reduced
+
+    layer = Reduced("linear_2", "top.2", "Linear(256, 1)", simulate=lambda *a: None)
+    kept = [Kept("qmatmul_int8", "top.2", "out_features 1 < 8: too few outputs for int8 to pay off"),
+            Kept("interaction", "top.2", "not an interaction"),  # a rule that reduces nothing
+            Kept("dense_linear_bf16", "top.2", "slower: 0.05 ms vs PyTorch 0.04 ms", slower=True),
+            Kept("dense_linear_bf16", "top.0", "slower: 0.2 ms vs PyTorch 0.1 ms", slower=True)]
+    why = _why_kept(layer, kept, {"qmatmul_int8", "dense_linear_bf16"})
+    assert why == ("qmatmul_int8: out_features 1 < 8: too few outputs for int8 to pay off; "
+                   "dense_linear_bf16: slower: 0.05 ms vs PyTorch 0.04 ms")
+    assert _why_kept(layer, kept[1:2], {"qmatmul_int8"}) == "its site was not rewritten"

@@ -322,10 +322,11 @@ def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], lay
 
 
 def _why_kept(layer: Reduced, kept: Sequence[Kept], quantizing: set[str]) -> str:
-    """Why the quantizing match holding `layer` was kept (its modules among the kept match's)."""
+    """Why each reduced-precision rule that could hold `layer` left it (its modules among the kept match's),
+    rule by rule: int8 may refuse a layer by its shape and bf16 then lose its speed check."""
     paths = set(layer.where.split(", "))
-    return next((k.why for k in kept if k.rule in quantizing and paths <= set(k.where.split(", "))),
-                "its site was not rewritten")
+    whys = [f"{k.rule}: {k.why}" for k in kept if k.rule in quantizing and paths <= set(k.where.split(", "))]
+    return "; ".join(dict.fromkeys(whys)) or "its site was not rewritten"
 
 
 # ---- tasks --------------------------------------------------------------------------------------------------

@@ -57,9 +57,9 @@ RANGE_TOLERANCE = 0.05
 
 def _why_not(k: int, n: int) -> str:
     if k < MIN_IN_FEATURES:
-        return f"in_features {k} < {MIN_IN_FEATURES}: too few products per output for int8 to pay off; stays fp32"
+        return f"in_features {k} < {MIN_IN_FEATURES}: too few products per output for int8 to pay off"
     if n < MIN_OUT_FEATURES:
-        return f"out_features {n} < {MIN_OUT_FEATURES}: too few outputs for int8 to pay off; stays fp32"
+        return f"out_features {n} < {MIN_OUT_FEATURES}: too few outputs for int8 to pay off"
     return ""
 
 
