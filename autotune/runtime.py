@@ -422,18 +422,62 @@ class Anchor:
         return self
 
 
-def time_cuda(run: Callable[[], None], timing: Timing, l2_bytes: int) -> list[float]:
-    """Seconds per call, per repeat, by CUDA events; L2 flushed before every call (cold-cache tables).
+GRAPH_CALLS = (20, 200)  # calls captured in one cold graph: at least, at most (Timing.number within)
 
-    Each repeat is the mean of the calls within it, each call individually bracketed by events so that the
-    flush's own time is excluded.
-    """
+
+def time_cuda(run: Callable[[], None], timing: Timing, l2_bytes: int) -> list[float]:
+    """Seconds per call, per repeat, on a GPU; L2 flushed before every call (cold-cache tables).
+
+    The calls are captured in a CUDA graph (`time_cuda_graph`), so a kernel of a few microseconds is not timed
+    with its launch; where `run` cannot be captured (it synchronizes, or copies from the host), each call is
+    bracketed by events instead (`time_cuda_events`). Either way the flush's own time is excluded."""
     import torch
 
     flush = torch.empty(max(2 * l2_bytes, 1 << 20), dtype=torch.uint8, device="cuda") if timing.flush_l2 else None
-    for _ in range(3):
-        run()  # warm-up: module load, caches of the driver
+    warm = torch.cuda.Stream()  # warm-up on a side stream, as capture wants: module load, the driver's caches
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(warm)
     torch.cuda.synchronize()
+    calls = min(max(timing.number, GRAPH_CALLS[0]), GRAPH_CALLS[1])
+    try:
+        return time_cuda_graph(run, calls, timing.repeat, flush)
+    except Exception:  # noqa: BLE001 -- not capturable: eager calls, if the failed capture left the context usable
+        torch.cuda.synchronize()
+        return time_cuda_events(run, timing, flush)
+
+
+def time_cuda_graph(run: Callable[[], None], calls: int, repeats: int, flush: Any = None) -> list[float]:
+    """`calls` calls of `run` captured in one CUDA graph, each after `flush.zero_()` (if given) and bracketed by
+    event nodes, so neither the launch nor the flush is timed; the graph replayed `repeats` times: per replay,
+    the mean seconds per call. Raises where `run` cannot be captured (warm it up first)."""
+    import torch
+
+    starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(calls)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for start, end in zip(starts, ends):
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            run()
+            end.record()
+    costs = []
+    for _ in range(repeats):
+        graph.replay()
+        torch.cuda.synchronize()
+        costs.append(statistics.fmean(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3)
+    return costs
+
+
+def time_cuda_events(run: Callable[[], None], timing: Timing, flush: Any = None) -> list[float]:
+    """Seconds per call, per repeat, each eager call bracketed by CUDA events (its launch included), after
+    `flush.zero_()` (if given); a repeat is at least `timing.number` calls and `timing.min_repeat_ms`."""
+    import torch
+
     costs = []
     for _ in range(timing.repeat):
         events = []
@@ -732,7 +776,8 @@ def _error(err: BaseException) -> str:
 def check_and_time(data: TaskData, bound: BoundKernel, timing: Timing,
                    l2_bytes: int = 0) -> tuple[tuple[float, ...], str | None, str | None]:
     """(costs, error_kind, error): call once, compare with the reference, and only then time the same call
-    (`bound(*inputs)`, what a user's call runs) in a perf_counter loop on a CPU, by CUDA events on a GPU.
+    (`bound(*inputs)`, what a user's call runs) in a perf_counter loop on a CPU, in a CUDA graph on a GPU
+    (`time_cuda`).
 
     On a CPU the timed calls cycle through the task's input sets (`TaskData.calls`, as `autotune bench` does):
     an embedding bag's calls gather new rows, not the rows the last call left in cache. On a GPU every call

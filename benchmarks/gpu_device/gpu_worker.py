@@ -60,8 +60,9 @@ def _short(err: BaseException) -> str:
 # ---- timing ------------------------------------------------------------------------------------------------
 def time_call(run: Callable[[], Any], flush: Any) -> dict[str, Any]:
     """{"cold": seconds per call after an L2 flush, per repeat, "hot": back to back, "method": ...}. `flush` is
-    a buffer twice the L2's size; without graphs, cold calls are timed as the tuner's runners time them
-    (autotune_runtime.time_cuda: an event pair around each eager call)."""
+    a buffer twice the L2's size. Cold calls are timed as the tuner's runners time them
+    (autotune_runtime.time_cuda_graph; where the call cannot be captured, time_cuda_events: an event pair
+    around each eager call)."""
     import torch
 
     import autotune_runtime as rt
@@ -75,10 +76,10 @@ def time_call(run: Callable[[], Any], flush: Any) -> dict[str, Any]:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     try:
-        out["cold"], out["method"] = _cold_graph(run, flush), "graph"
+        out["cold"], out["method"] = rt.time_cuda_graph(run, COLD_CALLS, REPEATS, flush), "graph"
     except Exception as err:  # noqa: BLE001 -- not capturable (a sync inside, an old torch): eager calls instead
         _require_context()
-        cold = rt.time_cuda(run, rt.Timing(number=COLD_CALLS, repeat=REPEATS, min_repeat_ms=0.0), flush.numel() // 2)
+        cold = rt.time_cuda_events(run, rt.Timing(number=COLD_CALLS, repeat=REPEATS, min_repeat_ms=0.0), flush)
         out["cold"], out["method"], out["why_not_graph"] = cold, "events", _short(err)
     calls = max(10, min(1000, int(HOT_GRAPH_S / max(statistics.median(out["cold"]), 1e-7))))
     try:
@@ -92,27 +93,6 @@ def time_call(run: Callable[[], Any], flush: Any) -> dict[str, Any]:
 def _require_context() -> None:
     if not cuda_alive():
         raise ContextLost("the CUDA context is unusable")
-
-
-def _cold_graph(run: Callable[[], Any], flush: Any) -> list[float]:
-    import torch
-
-    # event nodes (external events) bracket each call inside the graph: the flush before it is not timed
-    starts = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(COLD_CALLS)]
-    ends = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(COLD_CALLS)]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        for start, end in zip(starts, ends):
-            flush.zero_()
-            start.record()
-            run()
-            end.record()
-    costs = []
-    for _ in range(REPEATS):
-        graph.replay()
-        torch.cuda.synchronize()
-        costs.append(statistics.fmean(s.elapsed_time(e) for s, e in zip(starts, ends)) / 1e3)
-    return costs
 
 
 def _hot_graph(run: Callable[[], Any], calls: int) -> list[float]:
