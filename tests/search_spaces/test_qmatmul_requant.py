@@ -122,8 +122,9 @@ def run_emulated(task, cfg, tensors):
     else:
         block = (cfg[cuda.BLOCK_N] // cfg[cuda.THREAD_N], cfg[cuda.BLOCK_M] // cfg[cuda.THREAD_M])
     threads = cuda._ROW_THREADS
-    launches = [((mp // cfg[cuda.BLOCK_M]) * (np_ // cfg[cuda.BLOCK_N]), block),  # GEMM, then per row, per element
-                (-(-mp // threads), threads), (-(-mp // threads), threads), (-(-mp * np_ // threads), threads)]
+    # the GEMM, then a block per row (its max), a thread per row (its scale), a thread per element
+    launches = [((mp // cfg[cuda.BLOCK_M]) * (np_ // cfg[cuda.BLOCK_N]), block), (mp, cuda._MAX_THREADS),
+                (-(-mp // threads), threads), (-(-mp * np_ // threads), threads)]
     for text, (grid, blk) in zip(kernels, launches):
         params = re.search(r"\(([^)]*)\)\s*\{", text).group(1)
         used = [p.strip().rsplit(" ", 1)[1].removesuffix("_ptr") for p in params.split(",") if p.strip()]
