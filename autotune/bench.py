@@ -28,7 +28,8 @@ from .task import Task
 from .tuning_log import TuningLog
 
 BENCH_TIMING = Timing(number=1, repeat=5, min_repeat_ms=100.0)  # ~0.5 s per contender per round
-ORDER = "per round: tuned, default, torch in-process, then torch isolated (child process, this one idle)"
+ORDER = ("per round: tuned, default, torch in-process, then torch isolated (child process, this one idle), then "
+         "the roof")
 _KEYS = {"GB/s": "gbps", "GFLOPS": "gflops", "GOPS": "gops"}
 
 
@@ -152,10 +153,10 @@ def _table_shape(inputs: tuple[Any, ...]) -> tuple[int, ...]:
     return (table.shape[0], max(1, table[0].numel() * table.element_size() // 4))
 
 
-def measure_roof(unit: str, inputs: tuple[Any, ...]) -> tuple[roofline.Roof | None, str | None]:
+def measure_roof(unit: str, inputs: tuple[Any, ...], fresh: bool = False) -> tuple[roofline.Roof | None, str | None]:
     """(roof, None), or (None, why not): a bench without a roofline still benches."""
     try:
-        return roofline.for_unit(unit, _table_shape(inputs)), None
+        return roofline.for_unit(unit, _table_shape(inputs), fresh), None
     except (roofline.RooflineUnavailable, ValueError) as err:
         return None, str(err)
 
@@ -187,16 +188,21 @@ def bench(task: Task, logs: Iterable[str | Path] | TuningLog, seed: int = 0, rou
             raise RuntimeError(f"the isolated process prepared {child.ready()}, this one {list(paths)}")
         times: dict[str, list[float]] = {k: [] for k in contenders}
         isolated: dict[str, list[float]] = {k: [] for k in paths}
+        traffic = template.traffic(w, *inputs)
+        roofs: list[roofline.Roof] = []
+        why = None if roof else "not measured (roof=False)"
         for _ in range(rounds):
             for name, fn in contenders.items():
                 times[name].append(median_time(fn, timing, runtime))
             for name, t in child.round().items():
                 isolated[name].append(t)
+            if why is None:  # the roof in every round, beside the kernels: a shared machine's bandwidth moves
+                found, why = measure_roof(traffic.unit, inputs, fresh=True)
+                roofs += [found] if found is not None else []
     finally:
         child.close()
     med = {k: statistics.median(v) for k, v in times.items()}
-    traffic = template.traffic(w, *inputs)
-    found, why = measure_roof(traffic.unit, inputs) if roof else (None, "not measured (roof=False)")
+    found = roofline.median_of(roofs) if roofs and why is None else None
     return BenchResult(tuned_s=med["tuned"], default_s=med["default"], unit=traffic.unit,
                        config=str(kernels["tuned"].config),
                        baselines_isolated={k: statistics.median(v) for k, v in isolated.items()},
@@ -219,8 +225,10 @@ def format_result(task: Task, r: BenchResult) -> str:
                  f"({r.rate(r.torch_s):.2f} {r.unit}), {r.torch_s_in_process / r.tuned_s:.2f}x in-process; "
                  f"vs untuned default {r.speedup_vs_default:.2f}x")
     if r.roof is not None:
+        spread = (f"; {min(r.roof.samples):.1f}-{max(r.roof.samples):.1f} over the rounds"
+                  if len(r.roof.samples) > 1 else "")
         lines.append(f"  roofline  {r.roof_share:.0%} of measured {r.roof.name} "
-                     f"({r.rate(r.tuned_s):.1f} of {r.roof.value:.1f} {r.unit})"
+                     f"({r.rate(r.tuned_s):.1f} of {r.roof.value:.1f} {r.unit}{spread})"
                      + ("; above it: rows reused within the call hit in cache (the roof's rows are uniform)"
                         if r.roof_share > 1 and r.unit == "GB/s" else ""))
     lines.append(f"  ({r.rounds} rounds, {ORDER})")

@@ -37,13 +37,14 @@ class Roof:
     name: str  # what was measured, e.g. "random-gather bandwidth"
     value: float  # in `unit`
     unit: str  # "GB/s", "GFLOPS" or "GOPS": the Traffic unit of the kernels it bounds
+    samples: tuple[float, ...] = ()  # each measurement, where `value` is the median of several (`median_of`)
 
     def share(self, rate: float) -> float:
         """The fraction of this roof that `rate` (same unit) reaches."""
         return rate / self.value
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        return {**asdict(self), "samples": list(self.samples)}
 
 
 SOURCE = r"""
@@ -302,35 +303,42 @@ def _run(*args: str, dim: int = 64) -> list[list[str]]:
 _MEASURED: dict[str, Roof] = {}
 
 
-def _cached(key: str, measure: Callable[[], Roof]) -> Roof:
-    """The roof under `key`, measured once per process: a roof is compared with kernels timed in the same run
-    (a figure measured on a busier or quieter moment, or another machine of the model, would flatter or
-    shame them), so values are never stored across runs; only the compiled program is."""
-    if key not in _MEASURED:
+def _cached(key: str, measure: Callable[[], Roof], fresh: bool = False) -> Roof:
+    """The roof under `key`, measured once per process (again if `fresh`): a roof is compared with kernels
+    timed in the same run (a figure measured on a busier or quieter moment, or another machine of the model,
+    would flatter or shame them), so values are never stored across runs; only the compiled program is."""
+    if fresh or key not in _MEASURED:
         _MEASURED[key] = measure()
     return _MEASURED[key]
+
+
+def median_of(roofs: list[Roof]) -> Roof:
+    """One roof from several measurements of it (e.g. one per benchmark round, beside the kernels timed in
+    that round: a shared machine's memory bandwidth moves by 2x within the hour)."""
+    values = sorted(r.value for r in roofs)
+    return Roof(roofs[0].name, values[len(values) // 2], roofs[0].unit, tuple(r.value for r in roofs))
 
 
 def _machine() -> str:
     return f"{cpu_model()}|threads={threads()}"
 
 
-def fp32_peak() -> Roof:
+def fp32_peak(fresh: bool = False) -> Roof:
     """Measured fp32 FMA throughput of this CPU on threads() threads, in GFLOPS."""
     def measure() -> Roof:
         (line,) = _run("fma", str(PEAK_ITERS))
         return Roof("fp32 FMA peak", float(line[1]), "GFLOPS")
 
-    return _cached(f"fma|{_machine()}", measure)
+    return _cached(f"fma|{_machine()}", measure, fresh)
 
 
-def int8_peak() -> Roof:
+def int8_peak(fresh: bool = False) -> Roof:
     """Measured int8 multiply-add throughput (VNNI where present, else AVX2), in GOPS."""
     def measure() -> Roof:
         (line,) = _run("int8", str(PEAK_ITERS))
         return Roof(" ".join(line[2:]), float(line[1]), "GOPS")
 
-    return _cached(f"int8|{_machine()}", measure)
+    return _cached(f"int8|{_machine()}", measure, fresh)
 
 
 def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES) -> dict[str, float]:
@@ -341,7 +349,7 @@ def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES) -> dict[str, floa
     return out
 
 
-def gather_bandwidth(rows: int, dim: int) -> Roof:
+def gather_bandwidth(rows: int, dim: int, fresh: bool = False) -> Roof:
     """Measured random-row gather bandwidth over a (rows, dim) fp32 table, in GB/s (best prefetch distance)."""
     if rows < 1 or dim < 1:
         raise ValueError(f"a gather table needs rows >= 1 and dim >= 1, got ({rows}, {dim})")
@@ -350,21 +358,21 @@ def gather_bandwidth(rows: int, dim: int) -> Roof:
         sweep = gather_sweep(rows, dim)
         return Roof("random-gather bandwidth", max(v for k, v in sweep.items() if k.startswith("prefetch")), "GB/s")
 
-    return _cached(f"gather|rows={rows}|dim={dim}|{_machine()}", measure)
+    return _cached(f"gather|rows={rows}|dim={dim}|{_machine()}", measure, fresh)
 
 
-def for_unit(unit: str, table_shape: tuple[int, ...] = ()) -> Roof:
+def for_unit(unit: str, table_shape: tuple[int, ...] = (), fresh: bool = False) -> Roof:
     """The roof of kernels whose figure of merit is `unit`; GB/s kernels give the (rows, dim...) of the table
-    they gather from."""
+    they gather from. `fresh`: measured now, not the figure this process measured before."""
     if unit == "GB/s":
         if len(table_shape) < 2:
             raise ValueError(f"a GB/s roof needs the gathered table's shape, got {table_shape}")
         dim = 1
         for d in table_shape[1:]:
             dim *= int(d)
-        return gather_bandwidth(int(table_shape[0]), dim)
+        return gather_bandwidth(int(table_shape[0]), dim, fresh)
     if unit == "GFLOPS":
-        return fp32_peak()
+        return fp32_peak(fresh)
     if unit == "GOPS":
-        return int8_peak()
+        return int8_peak(fresh)
     raise ValueError(f"no roofline for unit {unit!r}")

@@ -26,7 +26,7 @@ def main() -> None:
         label = "sequential read (table's first rows)" if name == "sequential" else f"random-row gather, {name:>11s}"
         print(f"  {label:<34s} {gbps:8.2f} GB/s")
     for roof in (roofline.gather_bandwidth(a.rows, a.dim), roofline.fp32_peak(), roofline.int8_peak()):
-        print(f"roof as bench uses it (measured once, cached in {roofline.cache_dir() / 'roofline.json'}): "
+        print(f"roof as bench takes it (the best distance; bench measures it again in every round): "
               f"{roof.name} {roof.value:.2f} {roof.unit}")
 
 

@@ -93,6 +93,8 @@ def test_bench_json_has_both_pytorch_figures_and_the_roofline(log, cache, monkey
     roof = j["roofline"]
     assert roof["name"] == "random-gather bandwidth" and roof["unit"] == "GB/s" and roof["value"] > 0
     assert roof["share"] == pytest.approx(j["gbps"] / roof["value"])
+    # measured in every round, beside the kernels; the median is the roof
+    assert len(roof["samples"]) == j["rounds"] and roof["value"] == sorted(roof["samples"])[j["rounds"] // 2]
     assert json.loads(json.dumps(j)) == j
     text = format_result(task, res)
     assert "isolated" in text and "in-process" in text and "roofline" in text and "random-gather" in text
