@@ -16,6 +16,7 @@ from torch import nn
 import autotune.torch  # noqa: F401 -- registers torch.ops.autotune.*
 import search_spaces
 from autotune.torch.graph import capture, example_values
+from search_spaces.embedding_bag.rows import dequantize, quantize
 from search_spaces.qmatmul.graph import activation_bits
 from search_spaces.template import GraphMatch, Kept
 
@@ -398,6 +399,41 @@ def test_bags_feeding_an_interaction_become_one_fused_call_over_one_table_buffer
     assert after == []
 
 
+def test_int8_tables_feeding_an_interaction_become_one_fused_call_over_int8_rows():
+    """The quantizing twin: the tables converted once to fused int8 rows, each a Reduced layer; the check's
+    allowance is what int8 rows move the interaction by on the example (the fp32 kernels' own rounding above
+    it, a table's whole contribution far beyond it); a table the contract holds in fp32 breaks the group."""
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    values = example_values(gm, args)
+    (m,) = [f for f in rule("embedding_interaction", "embedding_interaction_int8").find(gm, values, set())
+            if isinstance(f, GraphMatch)]
+    assert m.tasks[0][1]["dtype"] == "int8" and len(m.reduced) == 3 and "int8 rows" in m.what
+    (exact,) = [f for f in rule("embedding_interaction").find(gm, values, set()) if isinstance(f, GraphMatch)]
+    (_, atol), (_, exact_atol) = m.tolerance, exact.tolerance
+    out = values[m.outputs[0].name]
+    assert exact_atol < atol < 0.1 * out[:, 8:].abs().max()
+    held = {n for n in m.nodes if n.name == m.reduced[0].node}
+    assert not [f for f in rule("embedding_interaction", "embedding_interaction_int8").find(gm, values, held)
+                if isinstance(f, GraphMatch)]
+    matches, kept = run_rule(gm, args, "embedding_interaction", name="embedding_interaction_int8")
+    assert len(matches) == 1 and not kept
+    (fused,) = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.embedding_interaction.default]
+    assert getattr(gm, fused.args[1].target).dtype == torch.uint8  # FBGEMM's fused rows
+    rtol, atol = m.tolerance
+    got, want = gm(*args)[0], model(*args)[0]
+    assert torch.allclose(got, want, rtol=rtol, atol=atol) and not torch.equal(got, want)
+    int8_model = Tables()  # the same tables read back from int8 rows: the kernel's numerics on any batch
+    int8_model.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for emb in int8_model.embs:
+            emb.weight.copy_(dequantize(quantize(emb.weight, "int8"), "int8"))
+    _, exact_atol = exact.tolerance
+    for batch in (6, 9):
+        assert close(gm(*_table_inputs(batch))[0], int8_model(*_table_inputs(batch))[0], atol=exact_atol)
+
+
 def test_bags_read_outside_the_interaction_are_not_fused_and_say_why():
     args = _table_inputs(6)
     gm = capture(Tables(), args)
@@ -508,7 +544,9 @@ def test_int8_tolerance_refuses_a_layer_without_its_relu():
 def test_every_template_rule_is_exposed_by_priority():
     got = {op: [(r.name, r.priority, r.quantizes, r.fuses) for r in search_spaces.get(op).graph_rules()]
            for op in ("embedding_interaction", "batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
-    assert got == {"embedding_interaction": [("embedding_interaction", 5, False, ("batched_embedding_bag",
+    assert got == {"embedding_interaction": [("embedding_interaction_int8", 4, True, ("batched_embedding_bag_int8",
+                                                                                       "interaction")),
+                                             ("embedding_interaction", 5, False, ("batched_embedding_bag",
                                                                                   "interaction"))],
                    "batched_embedding_bag": [("batched_embedding_bag_int8", 9, True, ()),
                                              ("batched_embedding_bag", 10, False, ())],

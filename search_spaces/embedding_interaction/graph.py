@@ -7,6 +7,11 @@ interaction's order, each read by the interaction alone. The match claims both a
 include_last_offset)` over the tables copied once into one buffer (the model's Parameters become views of it,
 as batched_embedding_bag's rule does). It runs first (priority 5); tune_model keeps its replacement only where
 the whole model is faster with it than with the batched bags and the interaction kernel apart.
+
+Its quantizing twin (`embedding_interaction_int8`, priority 4, under tune_model(quantize=True)) does the same
+over the tables converted once to FBGEMM's fused int8 rows, as batched_embedding_bag's int8 rule does: a
+quarter of the bytes per lookup and no pooled rows written. Each table is a `Reduced` layer of the accuracy
+contract; a table the contract holds in fp32 breaks the group, and the rules apart take the site.
 """
 
 from __future__ import annotations
@@ -15,16 +20,19 @@ from typing import Any, Iterator
 
 import torch
 
-from .._graph import has_op, insertion_point, is_call, tensor_value, where, workload_error
-from ..batched_embedding_bag.graph import RULE as BAGS, groups, table_nodes
+from .._graph import attr, has_op, insertion_point, is_call, tensor_value, where, workload_error
+from ..batched_embedding_bag.graph import RULE as BAGS, RULE_INT8 as BAGS_INT8, groups, simulated_bag, table_nodes
 from ..embedding_bag.graph import Bag
+from ..embedding_bag.rows import dequantize, quantize
 from ..interaction.graph import RULE as INTERACTION, features_of, find as interactions
-from ..template import GraphMatch, GraphRule, Kept
+from ..interaction.workload import dot_interaction
+from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .workload import OP, Workload, tolerance
 
 __all__ = ["RULES"]
 
 aten = torch.ops.aten
+RULE_INT8 = f"{OP}_int8"
 
 
 def _fields(group: list[Bag], self_interaction: bool) -> dict[str, Any]:
@@ -48,11 +56,12 @@ def _why_not(gm: Any, values: dict[str, Any], group: list[Bag], x: Any) -> str:
     return ""
 
 
-def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interaction: bool) -> Any:
+def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interaction: bool,
+             dtype: str = "float32") -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
         indices, offsets = [b.indices for b in group], [b.offsets for b in group]
         with gm.graph.inserting_before(insertion_point(gm, [x, *indices, *offsets], list(outputs))):
-            weight, starts = table_nodes(gm, group)
+            weight, starts = table_nodes(gm, group, dtype)
             new = gm.graph.call_function(torch.ops.autotune.embedding_interaction.default, (
                 x, weight, starts, indices, offsets, self_interaction, group[0].include_last_offset))
         for node in (weight, starts, new):
@@ -62,8 +71,10 @@ def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interactio
     return replace
 
 
-def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
-    """One match per dot interaction whose embeddings are one group of batchable bags."""
+def _sites(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str, dtype: str
+           ) -> Iterator[Kept | tuple[list[Bag], Any, Any, dict[str, Any], list[Any]]]:
+    """(group, interaction site, dense-features node, task fields, nodes) of each dot interaction whose
+    embeddings are one group of batchable bags the `dtype` kernels can serve, or Kept saying why not."""
     by_outputs = {tuple(b.out for b in group): group for group in groups(gm, values, claimed)}
     if not by_outputs:
         return
@@ -77,22 +88,77 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         group = by_outputs.get(tuple(n for _, n, _ in feats.chunks))
         if group is None:
             continue  # not one group of bags (other tables among them, a weighted bag): the two rules apart
-        self_interaction = bool(site.tasks[0][1]["self_interaction"])
-        fields = _fields(group, self_interaction)
+        fields = _fields(group, bool(site.tasks[0][1]["self_interaction"])) | (
+            {"dtype": dtype} if dtype != "float32" else {})
         nodes = [b.node for b in group] + [bmm]
         why = _why_not(gm, values, group, feats.x) or workload_error(Workload, fields) or (
             "" if has_op(OP) else f"torch.ops.autotune.{OP} is not registered (import autotune.torch)")
         if why:
-            yield Kept(OP, where(nodes), why)
+            yield Kept(rule, where(nodes), why)
             continue
-        yield GraphMatch(
-            rule=OP, nodes=tuple(dict.fromkeys([*(n for b in group for n in b.covered), *site.nodes])),
-            outputs=site.outputs, tasks=((OP, fields),),
-            replace=_replace(group, feats.x, site.outputs, self_interaction), tolerance=tolerance(Workload(**fields)),
-            where=where(nodes),
-            what=(f"{len(group)} embedding bags + dot interaction -> one embedding_interaction ({len(group)} tables, "
-                  f"dim {fields['dim']}{', self-interaction' if self_interaction else ''}): the pooled rows are "
-                  "never written; the tables now live in one buffer, the modules' weights are views of it"))
+        yield group, site, feats.x, fields, nodes
 
 
-RULES = (GraphRule(OP, find, priority=5, fuses=(BAGS, INTERACTION)),)
+def _match(rule: str, group: list[Bag], site: GraphMatch, x: Any, fields: dict[str, Any], nodes: list[Any],
+           tol: tuple[float, float], what: str, dtype: str = "float32", reduced: tuple[Reduced, ...] = ()
+           ) -> GraphMatch:
+    self_interaction = fields["self_interaction"]
+    return GraphMatch(
+        rule=rule, nodes=tuple(dict.fromkeys([*(n for b in group for n in b.covered), *site.nodes])),
+        outputs=site.outputs, tasks=((OP, fields),),
+        replace=_replace(group, x, site.outputs, self_interaction, dtype), tolerance=tol, where=where(nodes),
+        reduced=reduced,
+        what=(f"{len(group)} embedding bags + dot interaction -> one embedding_interaction ({len(group)} tables, "
+              f"dim {fields['dim']}{', self-interaction' if self_interaction else ''}): the pooled rows are never "
+              f"written; the tables now live in one buffer{what}"))
+
+
+def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
+    """One match per dot interaction whose embeddings are one group of batchable bags."""
+    for found in _sites(gm, values, claimed, OP, "float32"):
+        if isinstance(found, Kept):
+            yield found
+            continue
+        group, site, x, fields, nodes = found
+        yield _match(OP, group, site, x, fields, nodes, tolerance(Workload(**fields)),
+                     ", the modules' weights are views of it")
+
+
+def _int8_tolerance(gm: Any, values: dict[str, Any], group: list[Bag], x: Any, fields: dict[str, Any]
+                    ) -> tuple[float, float]:
+    """(rtol, atol) of the check by numbers against the fp32 model: the kernels' own rounding, plus what int8
+    rows themselves move the output by on the example inputs (the interaction of the dequantized tables'
+    bags against the fp32 one's), which no bound by steps states as tightly (a dot product sums D products)."""
+    rtol, atol = tolerance(Workload(**fields))
+    with torch.no_grad():
+        pooled, exact = [], []
+        for b in group:
+            table = attr(gm, b.weight.target).detach()
+            args = (tensor_value(gm, values, b.indices), tensor_value(gm, values, b.offsets))
+            pooled.append(torch.nn.functional.embedding_bag(
+                args[0], dequantize(quantize(table, "int8"), "int8"), args[1], mode="sum",
+                include_last_offset=b.include_last_offset))
+            exact.append(tensor_value(gm, values, b.out))
+        dense = tensor_value(gm, values, x)
+        ours = dot_interaction(dense, torch.stack(pooled, 1), fields["self_interaction"])
+        theirs = dot_interaction(dense, torch.stack(exact, 1), fields["self_interaction"])
+        moved = float((ours - theirs).abs().max())
+    return rtol, atol + moved * (1 + 1e-3)
+
+
+def find_int8(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
+    """As `find`, over the tables converted once to FBGEMM's fused int8 rows; each table a `Reduced` layer."""
+    simulate = simulated_bag("int8")
+    for found in _sites(gm, values, claimed, RULE_INT8, "int8"):
+        if isinstance(found, Kept):
+            yield found
+            continue
+        group, site, x, fields, nodes = found
+        reduced = tuple(Reduced(node=b.node.name, where=where([b.node]), simulate=simulate,
+                                what=f"EmbeddingBag({b.rows}, {b.dim}) table, int8 rows") for b in group)
+        yield _match(RULE_INT8, group, site, x, fields, nodes, _int8_tolerance(gm, values, group, x, fields),
+                     " of int8 rows (FBGEMM's fused row-wise layout), converted once", "int8", reduced)
+
+
+RULES = (GraphRule(RULE_INT8, find_int8, priority=4, quantizes=True, fuses=(BAGS_INT8, INTERACTION)),
+         GraphRule(OP, find, priority=5, fuses=(BAGS, INTERACTION)))
