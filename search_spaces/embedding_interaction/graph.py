@@ -137,7 +137,7 @@ def _int8_tolerance(gm: Any, values: dict[str, Any], group: list[Bag], x: Any, f
             args = (tensor_value(gm, values, b.indices), tensor_value(gm, values, b.offsets))
             pooled.append(torch.nn.functional.embedding_bag(
                 args[0], dequantize(quantize(table, "int8"), "int8"), args[1], mode="sum",
-                include_last_offset=b.include_last_offset))
+                include_last_offset=b.include_last_offset, padding_idx=b.padding_idx))
             exact.append(tensor_value(gm, values, b.out))
         dense = tensor_value(gm, values, x)
         ours = dot_interaction(dense, torch.stack(pooled, 1), fields["self_interaction"])
