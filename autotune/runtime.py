@@ -434,19 +434,26 @@ def time_cuda(run: Callable[[], None], timing: Timing, l2_bytes: int) -> list[fl
     import torch
 
     flush = torch.empty(max(2 * l2_bytes, 1 << 20), dtype=torch.uint8, device="cuda") if timing.flush_l2 else None
-    warm = torch.cuda.Stream()  # warm-up on a side stream, as capture wants: module load, the driver's caches
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(warm)
-    torch.cuda.synchronize()
+    warm_up_cuda(run)
     calls = min(max(timing.number, GRAPH_CALLS[0]), GRAPH_CALLS[1])
     try:
         return time_cuda_graph(run, calls, timing.repeat, flush)
     except Exception:  # noqa: BLE001 -- not capturable: eager calls, if the failed capture left the context usable
         torch.cuda.synchronize()
         return time_cuda_events(run, timing, flush)
+
+
+def warm_up_cuda(run: Callable[[], None], calls: int = 3) -> None:
+    """A few calls on a side stream, as graph capture wants (module load, the driver's caches), then synced."""
+    import torch
+
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(calls):
+            run()
+    torch.cuda.current_stream().wait_stream(warm)
+    torch.cuda.synchronize()
 
 
 def time_cuda_graph(run: Callable[[], None], calls: int, repeats: int, flush: Any = None) -> list[float]:

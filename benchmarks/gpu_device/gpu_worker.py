@@ -63,18 +63,10 @@ def time_call(run: Callable[[], Any], flush: Any) -> dict[str, Any]:
     a buffer twice the L2's size. Cold calls are timed as the tuner's runners time them
     (autotune_runtime.time_cuda_graph; where the call cannot be captured, time_cuda_events: an event pair
     around each eager call)."""
-    import torch
-
     import autotune_runtime as rt
 
     out: dict[str, Any] = {}
-    stream = torch.cuda.Stream()  # warm-up on a side stream, as capture wants
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    rt.warm_up_cuda(run)
     try:
         out["cold"], out["method"] = rt.time_cuda_graph(run, COLD_CALLS, REPEATS, flush), "graph"
     except Exception as err:  # noqa: BLE001 -- not capturable (a sync inside, an old torch): eager calls instead
