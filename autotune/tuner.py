@@ -121,7 +121,8 @@ class Proposer:
     The task's records in `log` are the resume set (never proposed again, except errors of a kind in
     `retry_errors` and those only the harness failed on); they, the rest of `log` and the `transfer` logs train
     the strategy's cost model (see `tune` for `include_stale`, `transfer`, `features`, `transfer_as`,
-    `options`). `builder` (or one set before the first `ask`) lowers the shortlist a program-feature model
+    `options`). A model-guided task with nothing measured opens with the best configs of its operator's other
+    shapes (`seeds`: a small budget otherwise spends itself learning what a neighbour already found). `builder` (or one set before the first `ask`) lowers the shortlist a program-feature model
     reranks."""
 
     def __init__(self, task: Task, log: TuningLog, strategy: str = "xgb", seed: int = 0,
@@ -142,22 +143,32 @@ class Proposer:
                 self.seen.add(self.space.from_json(r.config))
             except InvalidConfig:
                 pass
+        transferred = records.load_many(_transfer_logs(task, transfer, log.paths))
         self.model = _Model(task, self.space, feature_set, include_stale, seed, transfer_as) \
             if declared.needs_model else None
         if self.model is not None:
-            self.model.learn(log.records + records.load_many(_transfer_logs(task, transfer, log.paths)))
+            self.model.learn(log.records + transferred)
+        # a task with nothing measured yet first measures what won on this operator's other shapes (the
+        # model, trained on other shapes, ranks a config they share by features, not by having won there)
+        self.seeds = _neighbours_best(task, log.records, transferred, include_stale) \
+            if declared.needs_model and not any(r.ok for r in self.mine) else []  # emptied by the first ask
         self.builder = builder  # may be set later, before the first ask
         self._extra: dict[str, Any] | None = None
 
     def ask(self, n: int) -> list[Config]:
-        """Up to `n` configs never proposed or measured before (fewer once the space runs out)."""
+        """Up to `n` configs never proposed or measured before (fewer once the space runs out); the first batch
+        of a model-guided run opens with the best configs of the operator's other shapes (a quarter of it)."""
+        seeds = [c for c in self.seeds if c not in self.seen][:n // 4 if n > 1 else 0]
+        self.seeds = []
+        self.seen.update(seeds)
+        n -= len(seeds)
         elites = [self.space.from_json(r.config)
                   for r in sorted((r for r in self.mine if r.ok), key=lambda r: r.latency)[:16]]
         score = self.model.score if self.model is not None and self.model.trained else None
         if score is not None and self._extra is None:
             self._extra = self.model.search_arguments(self.builder, self._propose)
-        batch = self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
-                              **(self._extra if score else {}))
+        batch = seeds + (self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
+                                       **(self._extra if score else {})) if n else [])
         self.seen.update(batch)
         return batch
 
@@ -275,6 +286,38 @@ def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, own: Seque
             raise FileNotFoundError(f"transfer logs not found: {', '.join(missing)}")
     mine = {p.resolve() for p in own}
     return [p for p in paths if p.resolve() not in mine]
+
+
+def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequence[records.Record],
+                     include_stale: bool) -> list[Config]:
+    """The fastest config of each other task on `task`'s device kind whose knobs include its space's and
+    whose values it takes (its operator's other shapes; operators whose space holds its own, as qmatmul's
+    holds qmatmul_requant's, the extra knobs dropped): the log's own tasks first (the same machine; the
+    latest tuned first), then the transfer logs' in their order."""
+    kind = task.device.name.split(":")[0]
+    mine = (task.op, task.workload_key, task.device.name)
+
+    def bests(recs: Sequence[records.Record]) -> list[records.Record]:
+        best: dict[tuple[str, str, str], records.Record] = {}
+        for r in records.current(recs, include_stale):
+            key = (r.op, r.workload_key, r.device)
+            if r.ok and r.device.split(":")[0] == kind and key != mine and (
+                    key not in best or r.latency < best[key].latency):
+                best[key] = r
+        return list(best.values())  # in the order the shapes first appear
+
+    names = {k.name for k in task.space.knobs}
+    out: list[Config] = []
+    for r in [*reversed(bests(own)), *bests(transfer)]:
+        if not names <= set(r.config):
+            continue
+        try:  # knobs this space lacks dropped (qmatmul's n_block: qmatmul_requant's epilogue needs whole rows)
+            cfg = task.space.from_json({k: v for k, v in r.config.items() if k in names})
+        except InvalidConfig:
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
 def check_error_kinds(kinds: Iterable[str]) -> set[str]:

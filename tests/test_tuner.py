@@ -263,3 +263,50 @@ def test_a_proposer_asks_for_what_the_log_lacks_and_learns_what_it_is_told(tmp_p
         fitted = len(proposer.model.main.training.latencies)
         proposer.tell([task.record(c, costs=(5e-4,)) for c in first])
         assert len(proposer.model.main.training.latencies) == fitted + 5
+
+
+def test_a_new_shape_first_measures_what_won_on_the_operators_other_shapes(tmp_path):
+    """Few trials: the first model-guided batch of a task opens with the best config of each other shape of
+    its operator in the log (a quarter of the batch at most), then the model's picks; a task with its own
+    measurements, or a strategy without a model, gets none."""
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+
+    other = make_task("embedding_bag", "cpu", shape="rows=400,dim=16,batch=32,pooling=0-12,dist=zipf:1.1")
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    cfgs = list(dict.fromkeys(other.space.sample(random.Random(i)) for i in range(12)))
+    winner = cfgs[5]
+    log = tmp_path / "eb.jsonl"
+    records.append(log, [other.record(c, costs=(1e-4 if c == winner else 1e-3,)) for c in cfgs])
+    proposer = Proposer(task, TuningLog(log), "xgb", seed=0, transfer=())
+    assert proposer.seeds == [task.space.from_json(winner.to_json())]
+    first = proposer.ask(8)
+    assert first[0] == task.space.from_json(winner.to_json())
+    assert len(first) == len(set(first)) == 8 and proposer.seeds == []  # only the first batch
+    assert Proposer(task, TuningLog(log), "random", seed=0, transfer=()).seeds == []
+    records.append(log, [task.record(task.space.default(), costs=(2e-3,))])
+    assert Proposer(task, TuningLog(log), "xgb", seed=0, transfer=()).seeds == []
+
+
+def test_an_operator_whose_space_holds_anothers_seeds_it_with_the_extra_knobs_dropped(tmp_path):
+    """qmatmul's knobs are qmatmul_requant's and n_block: a qmatmul winner seeds a requant task (tune_model
+    tunes the model's int8 chain as both), projected onto the requant space."""
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+    from search_spaces import InvalidConfig
+
+    qm = make_task("qmatmul", "cpu", shape="m=64,k=128,n=64")
+    rq = make_task("qmatmul_requant", "cpu", shape="m=64,k=96,n=64")
+    names = {k.name for k in rq.space.knobs}
+    assert names < {k.name for k in qm.space.knobs}
+    for i in range(200):
+        winner = qm.space.sample(random.Random(i))
+        try:
+            projected = rq.space.from_json({k: v for k, v in winner.to_json().items() if k in names})
+            break
+        except InvalidConfig:
+            continue
+    log = tmp_path / "rq.jsonl"
+    other = tmp_path / "qm.jsonl"
+    records.append(other, [qm.record(winner, costs=(1e-4,))])
+    assert Proposer(rq, TuningLog(log), "xgb", seed=0, transfer=[other]).seeds == [projected]

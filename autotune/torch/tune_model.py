@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 import search_spaces
 from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced, finer
 
+from .. import records
 from ..tuning_log import TuningLog
 from . import accuracy
 from .accuracy import AccuracyReport, Batch, LayerPrecision, Tolerance
@@ -397,6 +398,13 @@ class _Logs:
             self._open[op] = TuningLog(self.log_dir / f"{op}.jsonl")
         return self._open[op]
 
+    def transfer(self, op: str, device: str) -> list[Path]:
+        """What tuning `op` learns from besides its own log: this call's other operators' logs (this machine,
+        measured minutes ago; qmatmul_requant shares qmatmul's knobs) first, then every shipped log of the
+        device kind (as `tune`'s default)."""
+        mine = [p for p in sorted(self.log_dir.glob("*.jsonl")) if p.name != f"{op}.jsonl"]
+        return mine + [p for o in search_spaces.names() for p in records.shipped_logs(o, device)]
+
     def shipped(self, op: str, device: str) -> TuningLog:
         if (op, device) not in self._open:
             self._open[op, device] = TuningLog.shipped(op, device)
@@ -433,7 +441,8 @@ def _tune_task(t: TaskReport, device: str, logs: _Logs, trials: int, shipped: bo
         try:
             require_local_device(task)  # before anything is built
             t.measured = tune(task, trials=trials - t.resumed, log=log, progress=progress,
-                              builder=workers.builder(), runner=workers.runner()).measured
+                              builder=workers.builder(), runner=workers.runner(),
+                              transfer=logs.transfer(t.op, task.device.name)).measured
         except Exception as err:  # noqa: BLE001 -- one task's failure keeps its sites, not the whole model
             warnings.warn(f"tune_model: tuning {t.op} {t.fields} failed: {type(err).__name__}: {err}",
                           stacklevel=3)
