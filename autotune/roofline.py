@@ -189,8 +189,8 @@ static void gather(long rows, long n) {
                             if (i >= e) break;
                             if (p && i + p < hi) {  /* every line the row touches (rows of 72 bytes straddle 2) */
                                 const char *r = (const char *)(w + idx[i + p] * DIM);
-                                for (const char *q = (const char *)((uintptr_t)r & ~(uintptr_t)63); q < r + row_bytes; q += 64)
-                                    __builtin_prefetch(q, 0, 3);
+                                const char *q = (const char *)((uintptr_t)r & ~(uintptr_t)63);
+                                for (; q < r + row_bytes; q += 64) __builtin_prefetch(q, 0, 3);
                             }
                             const float *restrict row = w + idx[i] * DIM;
                             for (int k = 0; k < DIM; k++) acc[c][k] += row[k];
@@ -232,7 +232,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc >= 5 && !strcmp(argv[1], "gather")) {
-        if (atol(argv[3]) != DIM) { fprintf(stderr, "this program gathers rows of %d floats, not %s\n", DIM, argv[3]); return 2; }
+        if (atol(argv[3]) != DIM) {
+            fprintf(stderr, "this program gathers rows of %d floats, not %s\n", DIM, argv[3]);
+            return 2;
+        }
         gather(atol(argv[2]), atol(argv[4]));
         return 0;
     }

@@ -122,8 +122,9 @@ class Proposer:
     `retry_errors` and those only the harness failed on); they, the rest of `log` and the `transfer` logs train
     the strategy's cost model (see `tune` for `include_stale`, `transfer`, `features`, `transfer_as`,
     `options`). A model-guided task with nothing measured opens with the best configs of its operator's other
-    shapes (`seeds`: a small budget otherwise spends itself learning what a neighbour already found). `builder` (or one set before the first `ask`) lowers the shortlist a program-feature model
-    reranks."""
+    shapes and of operators whose space holds its own (`seeds`, `_neighbours_best`: a small budget otherwise
+    spends itself learning what a neighbour already found). `builder` (or one set before the first `ask`)
+    lowers the shortlist a program-feature model reranks."""
 
     def __init__(self, task: Task, log: TuningLog, strategy: str = "xgb", seed: int = 0,
                  builder: Builder | None = None, include_stale: bool = False, retry_errors: Iterable[str] = (),
@@ -148,8 +149,9 @@ class Proposer:
             if declared.needs_model else None
         if self.model is not None:
             self.model.learn(log.records + transferred)
-        # a task with nothing measured yet first measures what won on this operator's other shapes (the
-        # model, trained on other shapes, ranks a config they share by features, not by having won there)
+        # a task with nothing measured yet first measures what won on its operator's other shapes and on
+        # operators whose space holds its own (the model, trained on other tasks, ranks a config they share by
+        # its features, not by its having won there)
         self.seeds = _neighbours_best(task, log.records, transferred, include_stale) \
             if declared.needs_model and not any(r.ok for r in self.mine) else []  # emptied by the first ask
         self.builder = builder  # may be set later, before the first ask
@@ -157,8 +159,10 @@ class Proposer:
 
     def ask(self, n: int) -> list[Config]:
         """Up to `n` configs never proposed or measured before (fewer once the space runs out); the first batch
-        of a model-guided run opens with the best configs of the operator's other shapes (a quarter of it)."""
-        seeds = [c for c in self.seeds if c not in self.seen][:n // 4 if n > 1 else 0]
+        of a model-guided run opens with the neighbours' best configs (`seeds`, a quarter of it at most)."""
+        if n < 1:
+            return []
+        seeds = [c for c in self.seeds if c not in self.seen][:n // 4]
         self.seeds = []
         self.seen.update(seeds)
         n -= len(seeds)
@@ -167,8 +171,8 @@ class Proposer:
         score = self.model.score if self.model is not None and self.model.trained else None
         if score is not None and self._extra is None:
             self._extra = self.model.search_arguments(self.builder, self._propose)
-        batch = seeds + (self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
-                                       **(self._extra if score else {})) if n else [])
+        batch = seeds + self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
+                                      **(self._extra if score else {}))
         self.seen.update(batch)
         return batch
 
@@ -298,13 +302,11 @@ def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequen
     mine = (task.op, task.workload_key, task.device.name)
 
     def bests(recs: Sequence[records.Record]) -> list[records.Record]:
-        best: dict[tuple[str, str, str], records.Record] = {}
-        for r in records.current(recs, include_stale):
-            key = (r.op, r.workload_key, r.device)
-            if r.ok and r.device.split(":")[0] == kind and key != mine and (
-                    key not in best or r.latency < best[key].latency):
-                best[key] = r
-        return list(best.values())  # in the order the shapes first appear
+        current = records.current(recs, include_stale)
+        tasks = dict.fromkeys((r.op, r.workload_key, r.device) for r in current  # in the order they first appear
+                              if r.ok and r.device.split(":")[0] == kind)
+        tasks.pop(mine, None)
+        return [r for r in (records.best(current, *key) for key in tasks) if r is not None]
 
     names = {k.name for k in task.space.knobs}
     out: list[Config] = []

@@ -139,7 +139,7 @@ def guided_configs(task: Any, n: int, log_dir: Path, seed: int, builder: Any, co
     from autotune.tuning_log import TuningLog
 
     proposer = Proposer(task, TuningLog(log_dir / f"{task.op}.jsonl"), "xgb", seed, builder)
-    again = proposer.leaders(confirm)
+    again = proposer.leaders(min(confirm, n - 1))  # at least one new candidate
     return proposer.ask(n - len(again)) + again
 
 
