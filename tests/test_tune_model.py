@@ -259,6 +259,9 @@ def test_a_replacement_that_agrees_but_is_not_faster_is_kept_with_both_times(mod
         tune(model, args, tmp_path, rules=rules, speed=check)
     with pytest.raises(ValueError, match="margin"):
         at.SpeedCheck(margin=1.5)
+    with pytest.raises(ValueError, match="model_rounds"):
+        at.SpeedCheck(model_rounds=0)
+    assert at.SpeedCheck(rounds=2, seconds=0.5).for_models() == at.SpeedCheck(rounds=9, seconds=0.5)
 
 
 def test_replacements_slower_alone_are_wired_in_when_the_whole_model_is_faster_with_them(model, tmp_path,

@@ -15,6 +15,7 @@ batch over and over keeps the rows it gathers in cache, which a model's next bat
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -34,14 +35,22 @@ class SpeedCheck:
     margin: float = 0.03  # the replacement must take at least this fraction less time
     rounds: int = 3  # interleaved rounds (old, new, old, new, ...); the median of each side counts
     seconds: float = 0.1  # per side per round
+    # rounds of tune_model's whole-model checks: a few verdicts between whole models (a fusion kept or not),
+    # where a few percent of a model's time decides and a 3-round median moved by as much between two runs
+    model_rounds: int = 9
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"SpeedCheck.margin must be in [0, 1), got {self.margin!r}")
-        if self.rounds < 1:
-            raise ValueError(f"SpeedCheck.rounds must be at least 1, got {self.rounds!r}")
+        for name in ("rounds", "model_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SpeedCheck.{name} must be at least 1, got {getattr(self, name)!r}")
         if not self.seconds > 0:
             raise ValueError(f"SpeedCheck.seconds must be positive, got {self.seconds!r}")
+
+    def for_models(self) -> "SpeedCheck":
+        """This check as whole models are timed against each other: `model_rounds` rounds."""
+        return dataclasses.replace(self, rounds=self.model_rounds)
 
 
 class Subgraph:

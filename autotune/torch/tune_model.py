@@ -160,8 +160,8 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     the operators' graph rules (`rules` replaces them). `bench_rounds` interleaved rounds of `bench_seconds`
     per model time eager against optimized (0: no timing). `require_speedup`: a replacement that agrees is also
     timed against the code it replaces and kept out unless it is faster by `speed.margin` (default
-    `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side); False wires in every replacement that agrees (tests on
-    tiny models, where kernels may lose). A model with nothing to replace comes back as it is; example inputs
+    `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side, 9 rounds for whole models); False wires in every replacement
+    that agrees (tests on tiny models, where kernels may lose). A model with nothing to replace comes back as it is; example inputs
     the model rejects raise its own error.
     """
     if speed is not None and not require_speedup:
@@ -515,8 +515,8 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: di
     copy the interaction otherwise makes (on the Criteo-shaped DLRM the batched op alone can be slower than the
     26 bags, and the model faster with it: benchmarks/WHOLE_MODEL.md). For each such rule, in rule order, the
     model is rewritten again with that rule's replacements wired in unchecked, and the two rewritten models are
-    timed (interleaved rounds, medians, over the timing cycle); the faster by `check.margin` is kept, and the
-    report says what each took."""
+    timed (`check.model_rounds` interleaved rounds, medians, over the timing cycle); the faster by `check.margin`
+    is kept, and the report says what each took."""
     assert job.check is not None
     wired: frozenset[str] = frozenset()  # rules this check wired in so far
     for rule in job.ruleset:
@@ -525,7 +525,8 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: di
         alt_gm = capture(job.model, job.args)
         alt = rewrite(alt_gm, job.args, job.ruleset, ready, job.check, wired | {rule.name}, floors, job.timing[1:])
         with torch.inference_mode():
-            now_s, alt_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
+            now_s, alt_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing),
+                                            job.check.for_models())
         faster = alt_s <= now_s * (1.0 - job.check.margin)
         job.report.whole_model.append(f"{rule.name}: the model takes {ms(alt_s)} with its replacements, "
                                       f"{ms(now_s)} without: {'wired in' if faster else 'kept out'}")
@@ -551,7 +552,8 @@ def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: dict[st
     alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, floors)
     job.report.whole_model[before:] = [f"without {names}, {v}" for v in job.report.whole_model[before:]]
     with torch.inference_mode():
-        fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing), job.check)
+        fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing),
+                                            job.check.for_models())
     faster = fused_s <= apart_s * (1.0 - job.check.margin)
     fused_rules = " + ".join(dict.fromkeys(f for r in fusing for f in r.fuses))
     job.report.whole_model.append(f"{names}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "

@@ -12,6 +12,15 @@ epilogue, instead of staying an fp32 Linear followed by a quantize. Weights are 
 once, as `QuantLinear.from_float` does, and registered on the GraphModule. The quantizing epilogue is a CPU
 kernel (a CPU task owns whole rows); on GPUs every layer quantizes its input with quantize_rows, as before.
 
+Where an int8 layer's input columns differ in range by orders of magnitude (DLRM's interaction output: the
+dense features beside dot products of pooled rows; the hidden layers after it), per-row scales leave the small
+columns a few levels or none. Such a layer is smoothed, as SmoothQuant does (Xiao et al., 2023): its inputs are
+divided column by column by s and its weight's columns multiplied by s, exact in real arithmetic, moving range
+from the activations (quantized per row) to the weights (per channel). s is picked on the example inputs and kept
+only where it lowers the layer's own int8 error there. Inside a chain the division is folded into the previous
+layer's output channels (its weight rows and bias, exact under its ReLU and its per-channel weight scales): free
+at run time; a chain's first layer multiplies its input by 1/s before quantize_rows (one pass over it).
+
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
 per instruction of the exact 8-bit path. Elsewhere (VNNI, GPUs) they use all 8.
@@ -53,6 +62,13 @@ MIN_OUT_FEATURES = 8
 # enough for the model is tune_model's `tolerance`, judged on the model's outputs (layers that break it
 # stay fp32, each a `Reduced` of its match).
 RANGE_TOLERANCE = 0.05
+# SmoothQuant's migration strengths tried per layer: s = max|x_col|^alpha / max|w_col|^(1 - alpha), the one with
+# the smallest error on the example kept (the paper's grid search; 0.5 splits the range evenly between
+# activations and weights; DLRM's first top-MLP layer does best at 0.6)
+SMOOTH_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+# smoothed only where it cuts the layer's own int8 error on the example to this fraction or less: a chain's first
+# layer pays a pass over its input for it, and a smaller gain is within the batches' spread
+SMOOTH_GAIN = 0.8
 
 
 def _why_not(k: int, n: int) -> str:
@@ -86,6 +102,7 @@ class _Layer:
     bias: bool
     a_bits: int
     small: str  # why int8 activations would not pay off here ("" when they would)
+    smooth: torch.Tensor | None = None  # the input columns' divisors (SmoothQuant), None where not smoothed
 
     @property
     def out(self) -> Any:
@@ -103,6 +120,36 @@ class _Layer:
 
     def what(self) -> str:
         return f"Linear({self.k}, {self.n}){' + ReLU' if self.relu is not None else ''}"
+
+    def precision(self) -> str:
+        """What the report says of its numerics."""
+        if self.small:
+            return "int8 weights (float activations)"
+        return f"int8 ({self.a_bits}-bit activations{', smoothed' if self.smooth is not None else ''})"
+
+
+def smoothing(x: torch.Tensor, weight: torch.Tensor, qmax: int) -> torch.Tensor | None:
+    """SmoothQuant's divisors s of a layer's input columns (x / s, weight * s) at the SMOOTH_ALPHAS strength with
+    the smallest int8 error on `x` (an example batch; error: the output's max |error|), or None where none cuts it to
+    SMOOTH_GAIN of the plain layer's. Columns `x` leaves at zero (or a zero weight column) keep s = 1 after s is
+    normalised to a median of 1: dividing a column never seen non-zero by a tiny s could blow up on other inputs."""
+    amax, wmax = x.detach().abs().amax(0), weight.detach().abs().amax(0)
+    seen = (amax > 0) & (wmax > 0)
+    if int(seen.sum()) < 2:
+        return None
+    want = aten.linear.default(x, weight)
+
+    def error(s: torch.Tensor | None) -> float:
+        return float((simulated_linear(qmax, s)(x, weight) - want).abs().max())
+
+    def divisors(alpha: float) -> torch.Tensor:
+        s = torch.ones_like(amax)
+        s[seen] = amax[seen] ** alpha / wmax[seen] ** (1 - alpha)
+        s[seen] /= s[seen].median()
+        return s.contiguous()
+
+    err, s = min(((error(s), s) for s in map(divisors, SMOOTH_ALPHAS)), key=lambda t: t[0])
+    return s if err <= SMOOTH_GAIN * error(None) else None
 
 
 def _layer(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> _Layer | str | None:
@@ -126,7 +173,9 @@ def _layer(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> _
     relu = sole_user(linear, *RELUS)
     if relu is not None and relu in claimed:
         relu = None
-    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, activation_bits(xv.device), _why_not(k, n))
+    a_bits, small = activation_bits(xv.device), _why_not(k, n)
+    smooth = None if small else smoothing(xv, weight.detach(), a_range(a_bits)[1])
+    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, a_bits, small, smooth)
 
 
 def _feeds(layer: _Layer, nxt: _Layer) -> bool:
@@ -169,13 +218,26 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
             if first.small:  # weight-only head: float32 in, no a_scale
                 a, a_scale = x, None
             else:
+                if first.smooth is not None:  # the head's smoothing: its input divided by s (times 1 / s)
+                    inverse = register(gm, "autotune_smooth", 1 / first.smooth)
+                    x = gm.graph.call_function(aten.mul.Tensor, (x, inverse))
+                    for node in (inverse, x):
+                        node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
                 qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default, (x, a_range(first.a_bits)[1]))
                 a = gm.graph.call_function(operator.getitem, (qs, 0))
                 a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
                 for node in (qs, a, a_scale):
                     node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
-            for layer, b, (op, fields) in zip(chain, biases, plan):
-                wq, w_scale = quantize_rows(attr(gm, layer.linear.args[1].target).detach().float())  # once
+            for i, (layer, b, (op, fields)) in enumerate(zip(chain, biases, plan)):
+                weight = attr(gm, layer.linear.args[1].target).detach().float()
+                if layer.smooth is not None:
+                    weight = weight * layer.smooth
+                nxt = chain[i + 1].smooth if i + 1 < len(chain) else None
+                if nxt is not None:  # the next layer's smoothing, folded into this one's output channels
+                    weight = weight / nxt[:, None]
+                    if b is not None:
+                        b = register(gm, "autotune_smoothed_bias", attr(gm, b.target).detach() / nxt)
+                wq, w_scale = quantize_rows(weight)  # once
                 wq_node = register(gm, "autotune_qweight", wq.contiguous())
                 scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
                 args = (a, wq_node, a_scale, scale_node, b, fields["relu"], fields["a_bits"])
@@ -196,15 +258,18 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
     return replace
 
 
-def simulated_linear(qmax: int) -> Any:
+def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
     """`aten.linear`'s arguments -> its output with an int8 layer's numerics, in eager PyTorch: the weight
     quantized per output channel (as `_replace` quantizes it), the activations per row to [-qmax, qmax] (0:
-    weight-only, float activations). The kernels accumulate the same products exactly in int32, so this differs
-    from them only by float32 rounding: it measures a layer's share of a model's int8 error before any kernel
-    is tuned."""
+    weight-only, float activations), both after smoothing by `smooth` (x / s, w * s) where given. The kernels
+    accumulate the same products exactly in int32, so this differs from them only by float32 rounding: it
+    measures a layer's share of a model's int8 error before any kernel is tuned."""
 
     def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        wq, w_scale = quantize_rows(w.detach().float())
+        w = w.detach().float()
+        if smooth is not None:
+            x, w = x * (1 / smooth), w * smooth
+        wq, w_scale = quantize_rows(w)
         if qmax:
             q, a_scale = quantize_rows(x, qmax)
             x = q.float() * a_scale[:, None]
@@ -215,10 +280,8 @@ def simulated_linear(qmax: int) -> Any:
 
 def _reduced(chain: list[_Layer]) -> tuple[Reduced, ...]:
     """Each layer of a chain as one that may stay fp32 alone: its linear node, and its int8 numerics."""
-    return tuple(Reduced(node=layer.linear.name, where=where(layer.nodes),
-                         what=layer.what() + (", int8 weights (float activations)" if layer.small else
-                                              f", int8 ({layer.a_bits}-bit activations)"),
-                         simulate=simulated_linear(0 if layer.small else a_range(layer.a_bits)[1]))
+    return tuple(Reduced(node=layer.linear.name, where=where(layer.nodes), what=f"{layer.what()}, {layer.precision()}",
+                         simulate=simulated_linear(0 if layer.small else a_range(layer.a_bits)[1], layer.smooth))
                  for layer in chain)
 
 
@@ -266,6 +329,8 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
                     f"{len(chain) - 1} qmatmul_requant (int8 out) + qmatmul: int8 between layers"
                     + (" (the head weight-only)" if chain[0].small else ""))
                  + (" (7-bit activations)" if bits == 7 else "")
+                 + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
+                    if any(layer.smooth is not None for layer in chain) else "")
                  + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else ""))
 
 
