@@ -591,12 +591,16 @@ class Outlier(nn.Module):
 
 
 @pytest.mark.slow
-def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says_so(tmp_path, shared_workers):
+def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says_so(tmp_path, shared_workers,
+                                                                                      monkeypatch):
     """The first layer alone in int8 breaks the default tolerance about 70 times over, the second uses half of
     it: the chain is split before anything is tuned, the first layer stays PyTorch's, the second runs int8
-    alone (its input quantized by quantize_rows), and the report lists both with the measured error."""
+    alone (its input quantized by quantize_rows), and the report lists both with the measured error. Smoothing
+    is off: it would rescue this outlier column (test_graph_rules pins that); this test pins the fallback."""
     import search_spaces
+    import search_spaces.qmatmul.graph as qgraph
 
+    monkeypatch.setattr(qgraph, "SMOOTH_GAIN", 0.0)
     torch.manual_seed(0)
     model = Outlier().eval()
     opt, report = at.tune_model(model, Outlier.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
@@ -616,6 +620,26 @@ def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says
     with torch.inference_mode():
         x = Outlier.batch(5)
         assert 0 < float((opt(x) - model(x)).abs().max()) <= 1e-2
+
+
+@pytest.mark.slow
+def test_smoothing_keeps_a_layer_with_an_outlier_column_int8(tmp_path, shared_workers):
+    """The same model as it ships: the outlier column is divided down and its weight column multiplied up
+    (SmoothQuant), so the first layer holds the tolerance in int8 and the whole chain runs int8."""
+    import search_spaces
+
+    torch.manual_seed(0)
+    model = Outlier().eval()
+    opt, report = at.tune_model(model, Outlier.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
+                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
+                                require_speedup=False)
+    layers = {layer.where: layer for layer in report.accuracy.layers}
+    assert [layers[w].precision for w in ("a.0, a.1", "a.2")] == ["int8", "int8"], str(report)
+    assert layers["a.0, a.1"].what.endswith("smoothed)") and layers["a.0, a.1"].share < 1, str(report)
+    assert report.accuracy.holds and torch.ops.autotune.qmatmul_requant.default in _graph_ops(opt)
+    with torch.inference_mode():  # a batch the contract never saw: near its bound (1.06e-2), not 70x over it
+        x = Outlier.batch(5)
+        assert 0 < float((opt(x) - model(x)).abs().max()) <= 2e-2
 
 
 class FourTables(nn.Module):
