@@ -590,6 +590,18 @@ class Outlier(nn.Module):
         return x
 
 
+def _tuned_outlier(tmp_path: Any) -> tuple[nn.Module, Any, Any, dict[str, Any]]:
+    """Outlier through tune_model's int8 rule alone: (model, rewritten model, report, its layers by module)."""
+    import search_spaces
+
+    torch.manual_seed(0)
+    model = Outlier().eval()
+    opt, report = at.tune_model(model, Outlier.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
+                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
+                                require_speedup=False)
+    return model, opt, report, {layer.where: layer for layer in report.accuracy.layers}
+
+
 @pytest.mark.slow
 def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says_so(tmp_path, shared_workers,
                                                                                       monkeypatch):
@@ -597,16 +609,10 @@ def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says
     it: the chain is split before anything is tuned, the first layer stays PyTorch's, the second runs int8
     alone (its input quantized by quantize_rows), and the report lists both with the measured error. Smoothing
     is off: it would rescue this outlier column (test_graph_rules pins that); this test pins the fallback."""
-    import search_spaces
     import search_spaces.qmatmul.graph as qgraph
 
     monkeypatch.setattr(qgraph, "SMOOTH_GAIN", 0.0)
-    torch.manual_seed(0)
-    model = Outlier().eval()
-    opt, report = at.tune_model(model, Outlier.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
-                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
-                                require_speedup=False)
-    layers = {layer.where: layer for layer in report.accuracy.layers}
+    model, opt, report, layers = _tuned_outlier(tmp_path)
     assert set(layers) == {"a.0, a.1", "a.2"}, str(report)
     assert layers["a.0, a.1"].precision == "fp32" and layers["a.0, a.1"].share > 10
     assert layers["a.0, a.1"].why == "kept in fp32 to hold the tolerance"
@@ -626,14 +632,7 @@ def test_int8_layers_that_break_the_tolerance_come_back_fp32_and_the_report_says
 def test_smoothing_keeps_a_layer_with_an_outlier_column_int8(tmp_path, shared_workers):
     """The same model as it ships: the outlier column is divided down and its weight column multiplied up
     (SmoothQuant), so the first layer holds the tolerance in int8 and the whole chain runs int8."""
-    import search_spaces
-
-    torch.manual_seed(0)
-    model = Outlier().eval()
-    opt, report = at.tune_model(model, Outlier.batch(0), log_dir=tmp_path / "logs", trials=2, progress=False,
-                                bench_rounds=0, rules=search_spaces.get("qmatmul").graph_rules(),
-                                require_speedup=False)
-    layers = {layer.where: layer for layer in report.accuracy.layers}
+    model, opt, report, layers = _tuned_outlier(tmp_path)
     assert [layers[w].precision for w in ("a.0, a.1", "a.2")] == ["int8", "int8"], str(report)
     assert layers["a.0, a.1"].what.endswith("smoothed)") and layers["a.0, a.1"].share < 1, str(report)
     assert report.accuracy.holds and torch.ops.autotune.qmatmul_requant.default in _graph_ops(opt)

@@ -152,17 +152,18 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
     `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
     held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
-    the example, see `accuracy.draw_like`); int8 layers that break it stay fp32, the most error-sensitive first, and a model that
-    breaks it with none left comes back unchanged. `timing_batches`: every timing (speed checks, eager against
-    optimized) cycles through this many batches, the example, the check batches, then fresh ones drawn like the
-    example; 1 times the example batch alone (its rows stay in cache, which flatters gathers).
+    the example, see `accuracy.draw_like`); int8 layers that break it stay fp32, the most error-sensitive first,
+    and a model that breaks it with none left comes back unchanged. `timing_batches`: every timing (speed
+    checks, eager against optimized) cycles through this many batches, the example, the check batches, then
+    fresh ones drawn like the example; 1 times the example batch alone (its rows stay in cache, which flatters
+    gathers).
     `shipped`: a shipped record of the same workload and CPU competes with the tuned ones. `extra_rules` join
     the operators' graph rules (`rules` replaces them). `bench_rounds` interleaved rounds of `bench_seconds`
     per model time eager against optimized (0: no timing). `require_speedup`: a replacement that agrees is also
     timed against the code it replaces and kept out unless it is faster by `speed.margin` (default
     `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side, 9 rounds for whole models); False wires in every replacement
-    that agrees (tests on tiny models, where kernels may lose). A model with nothing to replace comes back as it is; example inputs
-    the model rejects raise its own error.
+    that agrees (tests on tiny models, where kernels may lose). A model with nothing to replace comes back as it
+    is; example inputs the model rejects raise its own error.
     """
     if speed is not None and not require_speedup:
         raise ValueError("tune_model: speed= sets how replacements are timed, but require_speedup=False times none")
