@@ -528,6 +528,20 @@ def test_layers_with_outlier_columns_are_smoothed_exactly(monkeypatch):
     assert errors[default] < 0.6 * errors[0.0], errors  # 0.41 (0.41-0.69 over seeds 0-5)
 
 
+def test_smoothing_leaves_balanced_and_unseen_columns_alone():
+    """No divisors where the columns are alike (nothing to gain); where one column is an outlier, the columns the
+    example never saw non-zero keep s = 1 (a tiny s there could blow up on other inputs), and s's median is 1."""
+    from search_spaces.qmatmul.graph import smoothing
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(256, 64, generator=g), torch.randn(32, 64, generator=g)
+    assert smoothing(x, w, 127) is None
+    x[:, 3] *= 1000
+    x[:, 7] = 0
+    s = smoothing(x, w, 127)
+    assert s is not None and s[7] == 1 and s[3] > 10 and float(s.median()) == pytest.approx(1, rel=0.05)
+
+
 class TwoReaders(nn.Module):
     def __init__(self):
         super().__init__()
