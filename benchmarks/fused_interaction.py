@@ -21,25 +21,14 @@ kernel fails the run (no silent PyTorch fallback is timed).
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dlrm.py"
+from benchmarks.lib import example
+
 FUSED, BAGS, INTERACTION = "embedding_interaction", "batched_embedding_bag", "interaction"
-
-
-def _example() -> Any:
-    """examples/dlrm.py as a module (the model, its batches, its contenders' timing and table)."""
-    spec = importlib.util.spec_from_file_location("dlrm_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[spec.name] = module  # type: ignore[union-attr]  (its dataclasses look themselves up there)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
 
 
 def tuned(name: str, model: Any, example: Any, held_out: Sequence[Any], rules: list[Any] | None,
@@ -138,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--quantize", action="store_true", help="tune_model's int8 rules too (default: fp32-exact)")
     p.add_argument("--log-dir", default="logs/local/fused")
     args = p.parse_args(argv)
-    dlrm = _example()
+    dlrm = example.dlrm()
     torch.manual_seed(0)
     rows = tuple(min(r, args.max_rows) for r in dlrm.CRITEO_KAGGLE_ROWS)
     model = dlrm.DLRM(rows).eval()

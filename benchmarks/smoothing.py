@@ -12,7 +12,6 @@ Usage (a quiet machine):
 from __future__ import annotations
 
 import argparse
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,7 @@ from typing import Any
 import torch
 
 import search_spaces.qmatmul.graph as qgraph
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import dlrm  # noqa: E402  (the example's model, batches and timing)
+from benchmarks.lib import example
 
 
 def tuned(model: torch.nn.Module, example: Any, held_out: list[Any], args: argparse.Namespace,
@@ -54,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--seconds", type=float, default=1.0, help="per contender per round")
     args = p.parse_args(argv)
+    dlrm = example.dlrm()
     torch.manual_seed(0)
     model = dlrm.DLRM(tuple(min(r, 200_000) for r in dlrm.CRITEO_KAGGLE_ROWS)).eval()
     draw = lambda seed: dlrm.make_batch(model, args.batch, (args.pooling, args.pooling), seed)  # noqa: E731

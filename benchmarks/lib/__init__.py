@@ -5,5 +5,6 @@
 - `remeasure`: configs timed again in interleaved rounds (the reference, the picks, rescoring, anchored scale);
 - `summary`: runs summed up per contender, as markdown tables, JSON and a plot;
 - `timing`: contenders timed in interleaved rounds in one process;
-- `workloads`: the shapes the op-level benchmarks time, and a package of kernels for them.
+- `workloads`: the shapes the op-level benchmarks time, and a package of kernels for them;
+- `example`: examples/dlrm.py as a module, for the benchmarks of its model.
 """
