@@ -22,7 +22,7 @@ import search_spaces.qmatmul.graph as qgraph
 from benchmarks.lib import example
 
 
-def tuned(model: torch.nn.Module, example: Any, held_out: list[Any], args: argparse.Namespace,
+def tuned(model: torch.nn.Module, batch: Any, held_out: list[Any], args: argparse.Namespace,
           smoothing: bool) -> tuple[Any, str]:
     """tune_model's int8 model with smoothing on or off, and what its contract made finer."""
     import autotune.torch as at
@@ -30,7 +30,7 @@ def tuned(model: torch.nn.Module, example: Any, held_out: list[Any], args: argpa
     default = qgraph.SMOOTH_GAIN
     qgraph.SMOOTH_GAIN = default if smoothing else 0.0  # 0: no layer is ever smoothed
     try:
-        opt, report = at.tune_model(model, example, log_dir=args.log_dir, trials=args.trials, quantize=True,
+        opt, report = at.tune_model(model, batch, log_dir=args.log_dir, trials=args.trials, quantize=True,
                                     check_inputs=held_out, timing_batches=args.fresh, progress=False)
     finally:
         qgraph.SMOOTH_GAIN = default
@@ -55,11 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     model = dlrm.DLRM(tuple(min(r, 200_000) for r in dlrm.CRITEO_KAGGLE_ROWS)).eval()
     draw = lambda seed: dlrm.make_batch(model, args.batch, (args.pooling, args.pooling), seed)  # noqa: E731
-    example, held_out = draw(0), [draw(1), draw(2)]
+    first, held_out = draw(0), [draw(1), draw(2)]
     fresh = [draw(100 + i) for i in range(args.fresh)]
     built: dict[str, Any] = {"eager": model}
     for name, on in (("smoothed", True), ("not smoothed", False)):
-        built[name], what = tuned(model, example, held_out, args, on)
+        built[name], what = tuned(model, first, held_out, args, on)
         print(f"{name}: {what}", flush=True)
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
