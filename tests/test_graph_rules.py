@@ -484,7 +484,8 @@ def test_an_mlp_becomes_one_int8_chain_whose_activations_stay_int8():
 
 class Unbalanced(nn.Module):
     """A few input columns hundreds of times the others (as in DLRM's interaction output: dot products of pooled
-    rows beside the dense features), then a hidden layer whose channels are alike, each feeding an int8 layer."""
+    rows beside the dense features), then a hidden layer with a few such channels too, each feeding an int8
+    layer."""
 
     def __init__(self):
         super().__init__()
