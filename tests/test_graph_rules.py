@@ -464,12 +464,13 @@ def test_an_mlp_becomes_one_int8_chain_whose_activations_stay_int8():
     gm = capture(model, args)
     matches, kept = run_rule(gm, args, "qmatmul")
     bits = activation_bits(torch.device("cpu"))
-    qmax = {7: 63, 8: 127}[bits]
+    # after a ReLU, VNNI hosts take uint8 rows (all 256 levels); 7-bit hosts stay symmetric
+    qmax, mode = {7: (63, "int8"), 8: (255, "uint8")}[bits]
     assert [m.tasks for m in matches] == [(
         ("qmatmul_requant", dict(m=16, k=13, n=64, mode="weight_only", bias=True, relu=True, a_bits=8,
                                  out_qmax=qmax)),
-        ("qmatmul_requant", dict(m=16, k=64, n=48, mode="int8", bias=True, relu=True, a_bits=bits, out_qmax=qmax)),
-        ("qmatmul", dict(m=16, k=48, n=40, mode="int8", bias=True, relu=False, a_bits=bits)))]
+        ("qmatmul_requant", dict(m=16, k=64, n=48, mode=mode, bias=True, relu=True, a_bits=bits, out_qmax=qmax)),
+        ("qmatmul", dict(m=16, k=48, n=40, mode=mode, bias=True, relu=False, a_bits=bits)))]
     assert "2 qmatmul_requant" in matches[0].what and "head weight-only" in matches[0].what
     assert [k.why.split(":")[0] for k in kept] == ["out_features 1 < 8"]
     requant = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.qmatmul_requant.default]

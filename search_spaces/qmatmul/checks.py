@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .._torch_checks import fits, need, same_device_contiguous
 from ..template import InvalidDtype
-from .workload import A_BITS, Workload, a_range
+from .workload import A_BITS, Workload, a_range, quantized
 
 __all__ = ["check", "check_inputs", "check_operands", "op_arguments"]
 
@@ -36,7 +36,7 @@ def check_operands(op: str, a: Tensor, weight: Tensor, a_scale: Optional[Tensor]
     """`check` for op `op` (qmatmul, or an op that takes qmatmul's operands: errors name the op called)."""
     sa, sw = a.shape, weight.shape
     if (len(sa) == 2 and len(sw) == 2 and sw[1] == sa[1] and weight.dtype is _I8
-            and (_vector(a_scale, sa[0]) if a.dtype is _I8 else a.dtype is _F32 and a_scale is None)
+            and (_vector(a_scale, sa[0]) if a.dtype is _I8 or a.dtype is _U8 else a.dtype is _F32 and a_scale is None)
             and _vector(w_scale, sw[0]) and (bias is None or _vector(bias, sw[0]))
             and fits(a, weight, a_scale, w_scale, bias)):
         if a_bits != 8:  # the 7-bit calls int8 models make: their range, checked on the fast path too
@@ -46,7 +46,7 @@ def check_operands(op: str, a: Tensor, weight: Tensor, a_scale: Optional[Tensor]
     _check_a_bits(op, a, a_bits)
 
 
-_I8, _F32 = torch.int8, torch.float32
+_I8, _U8, _F32 = torch.int8, torch.uint8, torch.float32
 
 
 def _vector(t: Optional[Tensor], size: int) -> bool:
@@ -57,15 +57,15 @@ def _vector(t: Optional[Tensor], size: int) -> bool:
 def _explain(op: str, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
              bias: Optional[Tensor]) -> None:
     need(a.dim() == 2, op, f"a must be 2-D (m, k), got shape {tuple(a.shape)}")
-    need(a.dtype in (torch.int8, torch.float32), op,
-         f"a must be int8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
+    need(a.dtype in (torch.int8, torch.uint8, torch.float32), op,
+         f"a must be int8 or uint8 (with a_scale) or float32 (weight-only), got {a.dtype}", InvalidDtype)
     need(weight.dtype == torch.int8, op, f"weight must be int8, got {weight.dtype}", InvalidDtype)
     need(weight.dim() == 2 and weight.shape[1] == a.shape[1], op,
          f"weight must be (n, {a.shape[1]}) like nn.Linear's for a of shape {tuple(a.shape)}, "
          f"got {tuple(weight.shape)}")
     m, n = a.shape[0], weight.shape[0]
-    if a.dtype == torch.int8:
-        need(a_scale is not None, op, "int8 activations need a_scale (one float32 scale per row)")
+    if a.dtype in (torch.int8, torch.uint8):
+        need(a_scale is not None, op, f"{a.dtype} activations need a_scale (one float32 scale per row)")
     else:
         need(a_scale is None, op, "float32 activations (weight-only) take no a_scale")
     for name, t, size in (("a_scale", a_scale, m), ("w_scale", w_scale, n), ("bias", bias, n)):
@@ -91,7 +91,7 @@ def _check_a_bits(op: str, a: Tensor, a_bits: int) -> None:
 
 def op_arguments(w: Workload, tensors: Sequence[Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The op's arguments for the template's reference-order tensors of `w`."""
-    if w.mode == "int8":
+    if quantized(w):
         a, weight, a_scale, w_scale, *rest = tensors
     else:
         (a, weight, w_scale, *rest), a_scale = tensors, None
@@ -108,13 +108,13 @@ def check_inputs(w: Workload, *tensors: Any) -> None:
     """Raise a clear error for tensors this workload's kernel cannot take: first what it needs (the tensors of
     its mode and options, its M, K and N), then the op's own semantics (`check`: dtypes, scales, one device,
     contiguity)."""
-    names = (["a", "weight", "a_scale", "w_scale"] if w.mode == "int8" else ["a", "weight", "w_scale"])
+    names = (["a", "weight", "a_scale", "w_scale"] if quantized(w) else ["a", "weight", "w_scale"])
     names += ["bias"] if w.bias else []
     _need(len(tensors) == len(names), f"expected ({', '.join(names)}), got {len(tensors)} tensors", TypeError)
     t = dict(zip(names, tensors))
     for name, x in t.items():
         _need(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor", TypeError)
-    a_dtype = torch.int8 if w.mode == "int8" else torch.float32
+    a_dtype = {"int8": torch.int8, "uint8": torch.uint8}.get(w.mode, torch.float32)
     _need(t["a"].dtype == a_dtype, f"a must be {a_dtype}, got {t['a'].dtype}", TypeError)
     _need(tuple(t["a"].shape) == (w.m, w.k), f"a must be ({w.m}, {w.k}), got {tuple(t['a'].shape)}")
     _need(tuple(t["weight"].shape) == (w.n, w.k), f"weight must be ({w.n}, {w.k}), got {tuple(t['weight'].shape)}")

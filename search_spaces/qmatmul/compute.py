@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..quantize_rows.workload import EPS
+from ..quantize_rows.workload import EPS, QMAX as INT8_QMAX
 from .workload import Workload
 
 # (kp, np_) -> the packed weight's placeholder and W[n, k] expressed on it
@@ -18,17 +18,18 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y),
     or with `out_qmax` (A, ..., [bias], Q, S).
 
-    `unsigned_offset` (u8 x s8 instructions): the activations enter the reduction as unsigned A + offset (`Au`),
+    `unsigned_offset` (u8 x s8 instructions): int8 activations enter the reduction as unsigned A + offset (`Au`),
     and the per-channel compensation `comp` = offset * sum_k W[n, k] (computed at packing time) is subtracted
     before the epilogue. `out_qmax` > 0: Y is an intermediate, quantized per row as quantize_rows does
     (`amax` over the padded row: padded channels are exactly 0; `S` = max(amax, eps) / qmax; `Q` = Y / S
-    rounded half to even and clamped), so the next layer's activations never exist in float32 outside a task."""
+    rounded half to even and clamped; `out_qmax` 255: uint8 rows in [0, 255] of a ReLU's output), so the next
+    layer's activations never exist in float32 outside a task. Mode uint8: A enters the reduction as it is."""
     import tvm
     from tvm import te
 
     mp, kp, np_ = dims
-    int8 = w.mode == "int8"
-    A = te.placeholder((mp, kp), "int8" if int8 else "float32", name="A")
+    int8 = w.mode in ("int8", "uint8")
+    A = te.placeholder((mp, kp), {"int8": "int8", "uint8": "uint8"}.get(w.mode, "float32"), name="A")
     Wp, weight = packed_weight(kp, np_)
     w_scale = te.placeholder((np_,), "float32", name="w_scale")
     args = [A, Wp]
@@ -69,6 +70,10 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     amax = te.compute((mp,), lambda i: te.max(te.abs(Y[i, n]), axis=n), name="amax")
     qmax = tvm.tirx.const(float(out_qmax), "float32")
     S = te.compute((mp,), lambda i: te.max(amax[i], tvm.tirx.const(EPS, "float32")) / qmax, name="S")
-    Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(Y[i, j] / S[i]), qmax), -qmax).astype("int8"),
-                   name="Q")
+    if out_qmax > INT8_QMAX:  # unsigned rows (Y >= 0 after its ReLU): [0, out_qmax] as uint8
+        Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(Y[i, j] / S[i]), qmax),
+                                                      tvm.tirx.const(0.0, "float32")).astype("uint8"), name="Q")
+    else:
+        Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(Y[i, j] / S[i]), qmax), -qmax).astype("int8"),
+                       name="Q")
     return tvm.IRModule({"main": te.create_prim_func(args + [Q, S])})

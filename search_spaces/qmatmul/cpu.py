@@ -53,24 +53,25 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
     if target.kind.name != "llvm":
         raise InvalidConfig(f"qmatmul has no CPU schedule for target kind {target.kind.name!r}")
     intrins = ["none"]
-    if w.mode == "int8":
-        if intrinsics.cpu_has(target, "avx2"):
-            intrins += ["avx2", "avx2_u7"] if w.a_bits == 7 else ["avx2"]
-        if intrinsics.cpu_has(target, "avx512vnni", "avx512bw"):
-            intrins.append("vnni")
+    if w.mode == "int8" and intrinsics.cpu_has(target, "avx2"):
+        intrins += ["avx2", "avx2_u7"] if w.a_bits == 7 else ["avx2"]
+    # uint8 activations: VNNI's u8 x s8 as they are; AVX2's paths sign-extend A or saturate on 8 unsigned bits
+    if w.mode in ("int8", "uint8") and intrinsics.cpu_has(target, "avx512vnni", "avx512bw"):
+        intrins.append("vnni")
 
     def layout_ok(c: Config) -> bool:
         if c[INTRINSIC] in _INTRIN_LAYOUT:
             return c[LAYOUT] == _INTRIN_LAYOUT[c[INTRINSIC]]
         return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
 
-    layouts = LAYOUT.options if w.mode == "int8" else ("n16k1", "n8k1")
+    layouts = LAYOUT.options if w.mode != "weight_only" else ("n16k1", "n8k1")
     blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
     return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, *blocks, UNROLL,
                   THREADING],
                  [Constraint("the intrinsic fixes the layout", layout_ok),
                   Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
-                  Constraint("weight-only has no int8 intrinsic", lambda c: w.mode == "int8" or c[INTRINSIC] == "none")],
+                  Constraint("weight-only has no int8 intrinsic",
+                             lambda c: w.mode != "weight_only" or c[INTRINSIC] == "none")],
                  paths=[INTRINSIC.name])  # each intrinsic is its own inner kernel: sampled evenly, whatever its share
 
 
@@ -100,7 +101,7 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
     np_, kp = wp.shape
     packed = wp.view(np_ // nb, nb, kp // kb, kb).permute(0, 2, 1, 3).contiguous()
-    offset = _UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0)
+    offset = _offset(w, cfg)
     if offset:
         return packed, (wp.to(torch.int32).sum(1) * offset).to(torch.int32)
     return (packed,)
@@ -111,7 +112,12 @@ def compute(w: Workload, cfg: Config, out_qmax: int = 0) -> Any:
     """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles (`out_qmax`:
     with the output quantized per row, `compute.define`)."""
     return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_),
-                           unsigned_offset=_UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0), out_qmax=out_qmax)
+                           unsigned_offset=_offset(w, cfg), out_qmax=out_qmax)
+
+
+def _offset(w: Workload, cfg: Config) -> int:
+    """What the config's u8 x s8 instruction adds to the activations: none to uint8 ones (already unsigned)."""
+    return 0 if w.mode == "uint8" else _UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0)
 
 
 def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
@@ -143,7 +149,7 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     jio, jii = sch.split(ji, [None, nb * nv])
     sch.reorder(iio, jio, iii, jii)
     sch.compute_at(c, jio, preserve_unit_loops=True)
-    if cfg[INTRINSIC] in _UNSIGNED_OFFSET:  # A + offset as u8 once for all column blocks, in its own parallel loop
+    if _offset(w, cfg):  # A + offset as u8 once for all column blocks, in its own parallel loop
         au_i, au_j = sch.get_loops(sch.get_sblock("Au"))
         sch.parallel(au_i)
         sch.vectorize(sch.split(au_j, [None, 64])[1] if kp % 64 == 0 else au_j)

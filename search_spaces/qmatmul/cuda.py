@@ -113,6 +113,8 @@ def space(w: Workload, target: Any) -> Space:
     """The knob space on this CUDA target: compute paths its architecture has, tiles within its limits."""
     if target.kind.name != "cuda":
         raise InvalidConfig(f"qmatmul has no GPU schedule for target kind {target.kind.name!r}")
+    if w.mode == "uint8":
+        raise InvalidConfig("uint8 activations run on CPUs only (GPUs: int8 or weight-only)")
     max_threads = int(target.attrs["max_threads_per_block"])
     max_shared = int(target.attrs["max_shared_memory_per_block"])
     registers = int(target.attrs["registers_per_block"]) if "registers_per_block" in target.attrs else 65536

@@ -28,6 +28,7 @@ per instruction of the exact 8-bit path. Elsewhere (VNNI, GPUs) they use all 8.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -39,7 +40,7 @@ from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, re
                       tensor_value, where, workload_error)
 from ..quantize_rows.workload import quantize_rows
 from ..template import GraphMatch, GraphRule, Kept, Reduced
-from .workload import a_range
+from .workload import UNSIGNED_QMAX, a_range, quantize_unsigned_rows
 
 __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
 
@@ -103,6 +104,17 @@ class _Layer:
     a_bits: int
     small: str  # why int8 activations would not pay off here ("" when they would)
     smooth: torch.Tensor | None = None  # the input columns' divisors (SmoothQuant), None where not smoothed
+    unsigned: bool = False  # its input is the previous chain layer's ReLU output, as uint8 rows in [0, 255]
+
+    @property
+    def mode(self) -> str:
+        """Its qmatmul mode: weight-only (float activations), uint8 (after a ReLU in its chain) or int8."""
+        return "weight_only" if self.small else "uint8" if self.unsigned else "int8"
+
+    @property
+    def qmax(self) -> int:
+        """Its activations' range end: 0 (float), 255 (uint8) or the int8 range's."""
+        return 0 if self.small else UNSIGNED_QMAX if self.unsigned else a_range(self.a_bits)[1]
 
     @property
     def out(self) -> Any:
@@ -112,10 +124,10 @@ class _Layer:
     def nodes(self) -> list[Any]:
         return [self.linear] + ([self.relu] if self.relu is not None else [])
 
-    def fields(self, mode: str = "int8", out_qmax: int = 0) -> dict[str, Any]:
+    def fields(self, out_qmax: int = 0) -> dict[str, Any]:
         """The workload fields of its kernel: qmatmul's, or qmatmul_requant's with `out_qmax`."""
-        f = dict(m=self.m, k=self.k, n=self.n, mode=mode, bias=self.bias, relu=self.relu is not None,
-                 a_bits=self.a_bits if mode == "int8" else 8)
+        f = dict(m=self.m, k=self.k, n=self.n, mode=self.mode, bias=self.bias, relu=self.relu is not None,
+                 a_bits=self.a_bits if self.mode == "int8" else 8)
         return {**f, "out_qmax": out_qmax} if out_qmax else f
 
     def what(self) -> str:
@@ -125,7 +137,8 @@ class _Layer:
         """What the report says of its numerics."""
         if self.small:
             return "int8 weights (float activations)"
-        return f"int8 ({self.a_bits}-bit activations{', smoothed' if self.smooth is not None else ''})"
+        acts = "uint8 activations after its ReLU" if self.unsigned else f"{self.a_bits}-bit activations"
+        return f"int8 ({acts}{', smoothed' if self.smooth is not None else ''})"
 
 
 def smoothing(x: torch.Tensor, weight: torch.Tensor, qmax: int) -> torch.Tensor | None:
@@ -199,12 +212,26 @@ def _chains(layers: list[_Layer], on_cpu: bool) -> list[list[_Layer]]:
     return [c for c in chains if not c[0].small or len(c) > 1]  # a lone too-narrow layer stays fp32
 
 
+def _unsigned_after_relus(gm: Any, values: dict[str, Any], chain: list[_Layer]) -> list[_Layer]:
+    """The chain with each layer whose input is the previous layer's ReLU output taking it as uint8 rows in
+    [0, 255] (twice the levels of symmetric int8 for values >= 0; VNNI multiplies u8 x s8 as they are), its
+    smoothing picked again for that range. Not on 7-bit hosts (AVX2's u8 path saturates on 8 unsigned bits)."""
+    out = chain[:1]
+    for prev, layer in zip(chain, chain[1:]):
+        if prev.relu is not None and not layer.small and layer.a_bits == 8:
+            xv = tensor_value(gm, values, layer.linear.args[0])
+            weight = attr(gm, layer.linear.args[1].target).detach()
+            layer = dataclasses.replace(layer, unsigned=True, smooth=smoothing(xv, weight, UNSIGNED_QMAX))
+        out.append(layer)
+    return out
+
+
 def _plan(chain: list[_Layer]) -> list[tuple[str, dict[str, Any]]]:
     """(op, workload fields) per layer: qmatmul_requant quantizing for the next layer, qmatmul for the last."""
     plan = []
     for layer, nxt in zip(chain, chain[1:]):
         plan.append(("qmatmul_requant",
-                     layer.fields("weight_only" if layer.small else "int8", a_range(nxt.a_bits)[1])))
+                     layer.fields(UNSIGNED_QMAX if nxt.unsigned else a_range(nxt.a_bits)[1])))
     plan.append((RULE, chain[-1].fields()))
     return plan
 
@@ -261,7 +288,7 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
 def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
     """`aten.linear`'s arguments -> its output with an int8 layer's numerics, in eager PyTorch: the weight
     quantized per output channel (as `_replace` quantizes it), the activations per row to [-qmax, qmax] (0:
-    weight-only, float activations), both after smoothing by `smooth` (x / s, w * s) where given. The kernels
+    weight-only, float activations; UNSIGNED_QMAX: a ReLU's output to [0, 255]), both after smoothing by `smooth` (x / s, w * s) where given. The kernels
     accumulate the same products exactly in int32, so this differs from them only by float32 rounding: it
     measures a layer's share of a model's int8 error before any kernel is tuned."""
 
@@ -271,7 +298,7 @@ def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
             x, w = x * (1 / smooth), w * smooth
         wq, w_scale = quantize_rows(w)
         if qmax:
-            q, a_scale = quantize_rows(x, qmax)
+            q, a_scale = (quantize_unsigned_rows if qmax == UNSIGNED_QMAX else quantize_rows)(x, qmax)
             x = q.float() * a_scale[:, None]
         return aten.linear.default(x, wq.float() * w_scale[:, None], b)
 
@@ -281,7 +308,7 @@ def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
 def _reduced(chain: list[_Layer]) -> tuple[Reduced, ...]:
     """Each layer of a chain as one that may stay fp32 alone: its linear node, and its int8 numerics."""
     return tuple(Reduced(node=layer.linear.name, where=where(layer.nodes), what=f"{layer.what()}, {layer.precision()}",
-                         simulate=simulated_linear(0 if layer.small else a_range(layer.a_bits)[1], layer.smooth))
+                         simulate=simulated_linear(layer.qmax, layer.smooth))
                  for layer in chain)
 
 
@@ -301,7 +328,7 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
     for layer in layers:
         if id(layer) not in chained:
             yield Kept(RULE, where(layer.nodes), layer.small)
-    for chain in chains:
+    for chain in map(lambda c: _unsigned_after_relus(gm, values, c), chains):
         nodes = [node for layer in chain for node in layer.nodes]
         ops = ["quantize_rows"] * (not chain[0].small) + ["qmatmul_requant"] * (len(chain) > 1) + [RULE]
         missing = [op for op in ops if not has_op(op)]

@@ -19,7 +19,7 @@ from ..quantize_rows.workload import quantize_rows  # eager symmetric int8 per r
 #                                                     PyTorch implementation (torch.ops.autotune.quantize_rows)
 from ..template import ModuleRule, Route, TorchBinding
 from .checks import check, op_arguments
-from .workload import A_BITS, Workload, a_range, inputs, qmatmul_reference
+from .workload import A_BITS, Workload, a_limits, a_range, inputs, qmatmul_reference, quantized
 
 __all__ = ["BINDING", "QuantLinear", "cases", "qmatmul", "quantize_rows", "run_chunk"]
 
@@ -39,14 +39,15 @@ def fake(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, 
     return a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
 
 
-def _mode(a: Tensor) -> str:
-    return "int8" if a.dtype == torch.int8 else "weight_only"
+def mode_of(a: Tensor) -> str:
+    """The workload mode the activations' dtype selects: int8, uint8 (a ReLU's output, CPU kernels) or weight-only."""
+    return {torch.int8: "int8", torch.uint8: "uint8"}.get(a.dtype, "weight_only")
 
 
 def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
           relu: bool = False, a_bits: int = 8, validate: bool = True) -> Route:
     n, k = weight.shape
-    return Route((k, n, _mode(a), bias is not None, relu, a_bits), a.shape[0])
+    return Route((k, n, mode_of(a), bias is not None, relu, a_bits), a.shape[0])
 
 
 def run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Any:
@@ -95,7 +96,7 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
              ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         tensors = list(inputs(dataclasses.replace(w, m=m), s))
         if fill is not None:  # (activation value, weight value): all-equal extremes (or zeros)
-            if w.mode == "int8":
+            if quantized(w):
                 tensors[0] = torch.full_like(tensors[0], fill[0])
             else:
                 tensors[0] = torch.full_like(tensors[0], float(fill[0]))
@@ -105,7 +106,7 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
 
     sizes = dict.fromkeys([w.m, 1, max(1, w.m - 1), w.m + 1, 2 * w.m + 3])
     out = [call(f"m={m}" + (" (tuned)" if m == w.m else ""), m, seed + i) for i, m in enumerate(sizes)]
-    lo, hi = a_range(w.a_bits)
+    lo, hi = a_limits(w)
     out += [call("zero activations", w.m, seed, (0, 1)), call("zero weights", w.m, seed, (1, 0)),
             call(f"activations {lo}, weights -128", w.m, seed, (lo, -128)),
             call(f"activations {hi}, weights -128", w.m, seed, (hi, -128))]

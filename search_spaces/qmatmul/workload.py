@@ -4,6 +4,8 @@ mode=int8: int8 activations x int8 weights -> exact int32 accumulation, then a f
     Y = relu?(acc * a_scale[m] * w_scale[n] + bias[n])   (per-row activation scale, per-channel weight scale)
 mode=weight_only: fp32 activations x int8 weights with per-channel scales:
     Y = relu?((A @ W.T) * w_scale[n] + bias[n])
+mode=uint8: the int8 mode's arithmetic on unsigned activations, A in [0, 255] (a ReLU's output: all 8 bits for
+    values >= 0, twice the levels of symmetric int8); CPUs only (VNNI's u8 x s8 takes them as they are).
 a_bits=7 (int8 mode): the same arithmetic on activations that use 7 bits, A in [-64, 63]. Callers that quantize
 to that range (`quantize_rows` with qmax=63, as FBGEMM's `reduce_range`) let a CPU without VNNI use `vpmaddubsw`
 (u8 x s8 pairs summed in int16: exact only while A + 64 stays below 128), twice the products per instruction.
@@ -35,8 +37,8 @@ class Workload(_Workload):
         for name in ("m", "k", "n"):
             if getattr(self, name) < 1:
                 raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.mode not in ("int8", "weight_only"):
-            raise WorkloadError(f"mode must be int8 or weight_only, got {self.mode!r}")
+        if self.mode not in MODES:
+            raise WorkloadError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.a_bits not in A_BITS or isinstance(self.a_bits, bool):
             raise WorkloadError(f"a_bits must be 7 or 8, got {self.a_bits!r}")
         if self.a_bits != 8 and self.mode != "int8":
@@ -44,6 +46,30 @@ class Workload(_Workload):
 
 
 A_BITS = (8, 7)
+MODES = ("int8", "uint8", "weight_only")
+
+
+UNSIGNED_QMAX = 255  # uint8 activations (a ReLU's output) use [0, 255]
+
+
+def quantize_unsigned_rows(x: Any, qmax: int = UNSIGNED_QMAX) -> tuple[Any, Any]:
+    """Rows of x >= 0 (a ReLU's output) as uint8 in [0, qmax] and a float32 scale per row, as quantize_rows does
+    for signed rows: scale = max(max_c x, 1e-12) / qmax (an IEEE division), q = round half to even of x / scale."""
+    import torch
+
+    amax = x.abs().amax(dim=1).clamp_min(1e-12)
+    scale = amax / torch.full_like(amax, float(qmax))  # divided by a tensor: see quantize_rows
+    return torch.round(x / scale[:, None]).clamp_(0, qmax).to(torch.uint8), scale
+
+
+def quantized(w: Workload) -> bool:
+    """Whether the activations are integers with a scale per row (int8, uint8), not float32 (weight-only)."""
+    return w.mode != "weight_only"
+
+
+def a_limits(w: Workload) -> tuple[int, int]:
+    """The values the activations take: [0, 255] for uint8, else `a_range(a_bits)`."""
+    return (0, 255) if w.mode == "uint8" else a_range(w.a_bits)
 
 
 def a_range(a_bits: int) -> tuple[int, int]:
@@ -57,22 +83,22 @@ def round_up(x: int, m: int) -> int:
 
 
 def a_bytes(w: Workload) -> int:
-    """Bytes of one activation element: int8 or fp32."""
-    return 1 if w.mode == "int8" else 4
+    """Bytes of one activation element: int8/uint8 or fp32."""
+    return 1 if quantized(w) else 4
 
 
 # ---- data and reference ------------------------------------------------------------------------------------
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
-    """(A, W, a_scale, w_scale[, bias]) for int8; (A, W, w_scale[, bias]) for weight-only."""
+    """(A, W, a_scale, w_scale[, bias]) for int8 and uint8; (A, W, w_scale[, bias]) for weight-only."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
     wt = torch.randint(-128, 128, (w.n, w.k), generator=g, dtype=torch.int8)
     w_scale = torch.rand(w.n, generator=g) * 0.01 + 1e-3
     bias = [torch.randn(w.n, generator=g)] if w.bias else []
-    if w.mode == "int8":
-        lo, hi = a_range(w.a_bits)
-        a = torch.randint(lo, hi + 1, (w.m, w.k), generator=g, dtype=torch.int8)
+    if quantized(w):
+        lo, hi = a_limits(w)
+        a = torch.randint(lo, hi + 1, (w.m, w.k), generator=g, dtype=torch.uint8 if w.mode == "uint8" else torch.int8)
         a_scale = torch.rand(w.m, generator=g) * 0.05 + 1e-3
         return (a, wt, a_scale, w_scale, *bias)
     a = torch.randn(w.m, w.k, generator=g)
@@ -80,10 +106,10 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
 
 
 def accumulate(a: Any, weight: Any) -> Any:
-    """A @ W.T exactly: int32 for int8 A (through float64, exact below 2**53), fp32 for fp32 A."""
+    """A @ W.T exactly: int32 for int8 or uint8 A (through float64, exact below 2**53), fp32 for fp32 A."""
     import torch
 
-    if a.dtype == torch.int8:
+    if a.dtype in (torch.int8, torch.uint8):
         return (a.double() @ weight.double().t()).to(torch.int32)
     return a @ weight.float().t()
 
@@ -102,7 +128,7 @@ def qmatmul_reference(a: Any, weight: Any, a_scale: Optional[Any], w_scale: Any,
 
 
 def reference(w: Workload, *tensors: Any) -> Any:
-    if w.mode == "int8":
+    if quantized(w):
         a, weight, a_scale, w_scale, *rest = tensors
     else:
         (a, weight, w_scale, *rest), a_scale = tensors, None
@@ -130,6 +156,9 @@ def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
         y = y + b if b is not None else y
         return torch.relu(y) if w.relu else y
 
+    if w.mode == "uint8":  # neither _int_mm nor fbgemm's linear takes uint8 x int8 with a scale per row
+        out["torch eager (float32 of the same integers)"] = lambda: reference(w, *tensors)
+        return out
     if w.m > 16 and w.k % 8 == 0 and w.n % 8 == 0:
         out["torch._int_mm + epilogue"] = int_mm
     if a.device.type != "cpu":
@@ -176,7 +205,7 @@ def padded_inputs(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any]
     mp, kp, np_ = dims
     a, _weight, *rest = tensors
     a = pad(a, (0, kp - w.k, 0, mp - w.m))  # whole tiles and kb groups: zero-padded activations
-    a_scale = [pad(rest.pop(0), (0, mp - w.m))] if w.mode == "int8" else []
+    a_scale = [pad(rest.pop(0), (0, mp - w.m))] if quantized(w) else []
     per_channel = [pad(x, (0, np_ - w.n)) for x in rest]  # w_scale[, bias]
     return [a, *packed, *a_scale, *per_channel]
 
@@ -195,8 +224,8 @@ def padded_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], 
 
 def traffic(w: Workload, *tensors: Any) -> Traffic:
     return Traffic(bytes=float(w.m * w.k * a_bytes(w) + w.n * w.k + w.m * w.n * 4), ops=2.0 * w.m * w.n * w.k,
-                   unit="GOPS" if w.mode == "int8" else "GFLOPS")
+                   unit="GOPS" if quantized(w) else "GFLOPS")
 
 
 def tolerance(w: Workload) -> tuple[float, float]:
-    return (1e-5, 1e-4) if w.mode == "int8" else (1e-4, 1e-3)
+    return (1e-5, 1e-4) if quantized(w) else (1e-4, 1e-3)

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..qmatmul import cuda as _qmatmul
-from ..space import Config, Space
-from .workload import Workload
+from ..space import Config, InvalidConfig, Space
+from .workload import UNSIGNED_QMAX, Workload
 
 
 def space(w: Workload, target: Any) -> Space:
+    if w.out_qmax == UNSIGNED_QMAX:
+        raise InvalidConfig("uint8 output rows run on CPUs only (GPUs: int8 rows)")
     return _qmatmul.space(w, target)
 
 

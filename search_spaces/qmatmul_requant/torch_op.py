@@ -14,11 +14,11 @@ from torch import Tensor
 
 from .._torch_checks import need
 from ..qmatmul.checks import check_operands
-from ..qmatmul.torch_op import cases as _qmatmul_cases, replayable, run_chunk
+from ..qmatmul.torch_op import cases as _qmatmul_cases, mode_of, replayable, run_chunk
 from ..qmatmul.workload import qmatmul_reference
-from ..quantize_rows.workload import QMAX, QMIN, quantize_rows
+from ..quantize_rows.workload import QMAX, QMIN
 from ..template import Route, TorchBinding
-from .workload import Workload
+from .workload import UNSIGNED_QMAX, Workload, quantize_output
 
 __all__ = ["BINDING", "qmatmul_requant"]
 
@@ -29,29 +29,35 @@ def qmatmul_requant(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scal
                     bias: Optional[Tensor] = None, relu: bool = False, a_bits: int = 8, out_qmax: int = QMAX,
                     validate: bool = True) -> tuple[Tensor, Tensor]:
     """`quantize_rows(qmatmul(a, weight, a_scale, w_scale, bias, relu, a_bits), out_qmax)`: the int8 rows
-    (in [-out_qmax, out_qmax]) and per-row scales of the layer's output, which never exists in float32."""
-    return quantize_rows(qmatmul_reference(a, weight, a_scale, w_scale, bias, relu), out_qmax)
+    (in [-out_qmax, out_qmax]; out_qmax 255 after a ReLU: uint8 rows in [0, 255]) and per-row scales of the
+    layer's output, which never exists in float32."""
+    return quantize_output(qmatmul_reference(a, weight, a_scale, w_scale, bias, relu), out_qmax)
 
 
 def check(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
           relu: bool = False, a_bits: int = 8, out_qmax: int = QMAX, validate: bool = True) -> None:
     """qmatmul's checks of the operands (errors name this op), and out_qmax's range."""
     check_operands(OP, a, weight, a_scale, w_scale, bias, a_bits)
-    need(isinstance(out_qmax, int) and not isinstance(out_qmax, bool) and QMIN <= out_qmax <= QMAX, OP,
-         lambda: f"out_qmax must be an integer in [{QMIN}, {QMAX}], got {out_qmax!r}")
+    need(isinstance(out_qmax, int) and not isinstance(out_qmax, bool)
+         and (QMIN <= out_qmax <= QMAX or out_qmax == UNSIGNED_QMAX), OP,
+         lambda: f"out_qmax must be an integer in [{QMIN}, {QMAX}], or {UNSIGNED_QMAX} (uint8 rows), got {out_qmax!r}")
+    need(out_qmax != UNSIGNED_QMAX or relu, OP, f"out_qmax {UNSIGNED_QMAX} (uint8 rows) needs relu=True")
 
 
 def fake(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
          relu: bool = False, a_bits: int = 8, out_qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
     m, n = a.shape[0], weight.shape[0]
-    return a.new_empty(m, n, dtype=torch.int8), a.new_empty(m, dtype=torch.float32)
+    return a.new_empty(m, n, dtype=_q_dtype(out_qmax)), a.new_empty(m, dtype=torch.float32)
+
+
+def _q_dtype(out_qmax: int) -> torch.dtype:
+    return torch.uint8 if out_qmax == UNSIGNED_QMAX else torch.int8
 
 
 def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
           relu: bool = False, a_bits: int = 8, out_qmax: int = QMAX, validate: bool = True) -> Route:
     n, k = weight.shape
-    mode = "int8" if a.dtype == torch.int8 else "weight_only"
-    return Route((k, n, mode, bias is not None, relu, a_bits, out_qmax), a.shape[0])
+    return Route((k, n, mode_of(a), bias is not None, relu, a_bits, out_qmax), a.shape[0])
 
 
 def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
@@ -61,7 +67,7 @@ def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tens
     if len(chunks) == 1:
         q, scale = run_chunk(chunks[0], a, weight, a_scale, rest)
         return q.contiguous(), scale.contiguous()
-    q = a.new_empty(a.shape[0], weight.shape[0], dtype=torch.int8)
+    q = a.new_empty(a.shape[0], weight.shape[0], dtype=_q_dtype(out_qmax))
     scale = a.new_empty(a.shape[0], dtype=torch.float32)
     for chunk in chunks:
         q[chunk.start:chunk.stop], scale[chunk.start:chunk.stop] = run_chunk(chunk, a, weight, a_scale, rest)

@@ -48,6 +48,29 @@ def test_matches_quantize_rows_of_qmatmul_for_default_and_random_configs(shape):
         assert int(q.abs().max()) == task.workload.out_qmax  # each row's max maps to the range's end
 
 
+@pytest.mark.parametrize("shape", ["m=13,k=37,n=19,relu=1,out_qmax=255",  # int8 in, uint8 rows out
+                                   "m=9,k=64,n=40,mode=uint8,relu=1,out_qmax=255",  # uint8 in and out
+                                   "m=9,k=13,n=30,mode=weight_only,relu=1,out_qmax=255"])
+def test_uint8_rows_after_a_relu_use_all_256_levels(shape):
+    """out_qmax 255: each row in [0, 255] (its max at 255), as uint8, against the reference; every config of the
+    space, VNNI's among them where the CPU has it (uint8 activations enter it without the +128 offset)."""
+    task = make_task("qmatmul_requant", "cpu", shape=shape)
+    tensors = rq.inputs(task.workload, seed=2)
+    exp = expected(rq, task.workload, *tensors)
+    configs = sampled(task, 3, seed=7) + [c for c in task.space if c.as_dict()["intrinsic"] == "vnni"][:2]
+    for cfg in dict.fromkeys(configs):
+        q, scale = run(task, cfg, tensors)
+        assert q.dtype == torch.uint8 and mismatch((q, scale), exp) is None, f"{cfg}: {mismatch((q, scale), exp)}"
+        assert int(q.max()) == 255 and int(q.min()) == 0
+
+
+def test_uint8_needs_a_relu_and_a_cpu():
+    with pytest.raises(WorkloadError, match="needs relu"):
+        make_task("qmatmul_requant", "cpu", shape="m=4,k=16,n=8,out_qmax=255")
+    with pytest.raises(WorkloadError, match="a_bits applies"):
+        make_task("qmatmul_requant", "cpu", shape="m=4,k=16,n=8,mode=uint8,a_bits=7,relu=1")
+
+
 @pytest.mark.parametrize("mode", ["int8", "weight_only"])
 def test_exact_where_the_layer_output_is_exact(mode):
     """Power-of-two scales and integer biases make every float step of the epilogue exact, so the kernel's Y is
