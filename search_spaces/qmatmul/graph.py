@@ -354,6 +354,7 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
                  + ("quantize_rows + " if not chain[0].small else "")
                  + ("int8 qmatmul" if len(chain) == 1 else
                     f"{len(chain) - 1} qmatmul_requant (int8 out) + qmatmul: int8 between layers"
+                    + (" (uint8 after ReLUs)" if any(layer.unsigned for layer in chain) else "")
                     + (" (the head weight-only)" if chain[0].small else ""))
                  + (" (7-bit activations)" if bits == 7 else "")
                  + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
