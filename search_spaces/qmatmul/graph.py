@@ -21,6 +21,10 @@ only where it lowers the layer's own int8 error there. Inside a chain the divisi
 layer's output channels (its weight rows and bias, exact under its ReLU and its per-channel weight scales): free
 at run time; a chain's first layer multiplies its input by 1/s before quantize_rows (one pass over it).
 
+A chain layer whose input is the previous layer's ReLU output takes it as uint8 rows in [0, 255] (qmatmul's
+uint8 mode, the requant epilogue's out_qmax 255) on CPUs with VNNI: all 256 levels for values a ReLU leaves >= 0,
+where symmetric int8 has 128, at no cost (VNNI multiplies u8 x s8; int8 activations pay a +128 offset there).
+
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
 per instruction of the exact 8-bit path. Elsewhere (VNNI, GPUs) they use all 8.
@@ -288,9 +292,10 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
 def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
     """`aten.linear`'s arguments -> its output with an int8 layer's numerics, in eager PyTorch: the weight
     quantized per output channel (as `_replace` quantizes it), the activations per row to [-qmax, qmax] (0:
-    weight-only, float activations; UNSIGNED_QMAX: a ReLU's output to [0, 255]), both after smoothing by `smooth` (x / s, w * s) where given. The kernels
-    accumulate the same products exactly in int32, so this differs from them only by float32 rounding: it
-    measures a layer's share of a model's int8 error before any kernel is tuned."""
+    weight-only, float activations; UNSIGNED_QMAX: a ReLU's output to [0, 255]), both after smoothing by
+    `smooth` (x / s, w * s) where given. The kernels accumulate the same products exactly in int32, so this
+    differs from them only by float32 rounding: it measures a layer's share of a model's int8 error before any
+    kernel is tuned."""
 
     def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         w = w.detach().float()
