@@ -107,6 +107,7 @@ class _Layer:
     bias: bool
     a_bits: int
     small: str  # why int8 activations would not pay off here ("" when they would)
+    # both settled once the layer's place in its chain is known (`_settled`):
     smooth: torch.Tensor | None = None  # the input columns' divisors (SmoothQuant), None where not smoothed
     unsigned: bool = False  # its input is the previous chain layer's ReLU output, as uint8 rows in [0, 255]
 
@@ -190,9 +191,7 @@ def _layer(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> _
     relu = sole_user(linear, *RELUS)
     if relu is not None and relu in claimed:
         relu = None
-    a_bits, small = activation_bits(xv.device), _why_not(k, n)
-    smooth = None if small else smoothing(xv, weight.detach(), a_range(a_bits)[1])
-    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, a_bits, small, smooth)
+    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, activation_bits(xv.device), _why_not(k, n))
 
 
 def _feeds(layer: _Layer, nxt: _Layer) -> bool:
@@ -216,17 +215,22 @@ def _chains(layers: list[_Layer], on_cpu: bool) -> list[list[_Layer]]:
     return [c for c in chains if not c[0].small or len(c) > 1]  # a lone too-narrow layer stays fp32
 
 
-def _unsigned_after_relus(gm: Any, values: dict[str, Any], chain: list[_Layer]) -> list[_Layer]:
-    """The chain with each layer whose input is the previous layer's ReLU output taking it as uint8 rows in
-    [0, 255] (twice the levels of symmetric int8 for values >= 0; VNNI multiplies u8 x s8 as they are), its
-    smoothing picked again for that range. Not on 7-bit hosts (AVX2's u8 path saturates on 8 unsigned bits)."""
-    out = chain[:1]
-    for prev, layer in zip(chain, chain[1:]):
-        if prev.relu is not None and not layer.small and layer.a_bits == 8:
-            xv = tensor_value(gm, values, layer.linear.args[0])
-            weight = attr(gm, layer.linear.args[1].target).detach()
-            layer = dataclasses.replace(layer, unsigned=True, smooth=smoothing(xv, weight, UNSIGNED_QMAX))
-        out.append(layer)
+def _settled(gm: Any, values: dict[str, Any], chain: list[_Layer]) -> list[_Layer]:
+    """The chain with each layer's activations settled, once it is known where the layer sits: a layer whose
+    input is the previous layer's ReLU output takes it as uint8 rows in [0, 255] (twice the levels of
+    symmetric int8 for values >= 0; VNNI multiplies u8 x s8 as they are; not on 7-bit hosts, whose AVX2 u8 path
+    saturates on 8 unsigned bits), and each layer with integer activations is smoothed for its range where that
+    pays (`smoothing`, on its example input)."""
+    out: list[_Layer] = []
+    for prev, layer in zip([None, *chain], chain):
+        if layer.small:
+            out.append(layer)
+            continue
+        unsigned = prev is not None and prev.relu is not None and layer.a_bits == 8
+        settled = dataclasses.replace(layer, unsigned=unsigned)
+        weight = attr(gm, layer.linear.args[1].target).detach()
+        smooth = smoothing(tensor_value(gm, values, layer.linear.args[0]), weight, settled.qmax)
+        out.append(dataclasses.replace(settled, smooth=smooth))
     return out
 
 
@@ -333,7 +337,7 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
     for layer in layers:
         if id(layer) not in chained:
             yield Kept(RULE, where(layer.nodes), layer.small)
-    for chain in map(lambda c: _unsigned_after_relus(gm, values, c), chains):
+    for chain in (_settled(gm, values, c) for c in chains):
         nodes = [node for layer in chain for node in layer.nodes]
         ops = ["quantize_rows"] * (not chain[0].small) + ["qmatmul_requant"] * (len(chain) > 1) + [RULE]
         missing = [op for op in ops if not has_op(op)]
