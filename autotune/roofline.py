@@ -157,19 +157,23 @@ static double int8_peak(long iters, const char **how) {
 #endif
 #define ROW_CHAINS 4
 #define BAG 32
+#define MAX_DIST 512  /* rows: small rows are pooled fast, and need misses issued far ahead */
 static void gather(long rows, long n) {
     size_t bytes_w = ((size_t)rows * DIM * sizeof(float) + 63) / 64 * 64;
     float *w = aligned_alloc(64, bytes_w);
-    int64_t *idx = malloc(n * sizeof(int64_t));
+    int64_t *idx = malloc((n + MAX_DIST) * sizeof(int64_t));  /* the tail repeats the head: prefetches need no bound */
     float *out = calloc((size_t)omp_get_max_threads() * DIM, sizeof(float));
     #pragma omp parallel for
     for (long i = 0; i < rows * DIM; i++) w[i] = (float)(i & 1023);
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (long i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; idx[i] = (int64_t)(s % (uint64_t)rows); }
+    for (long i = 0; i < MAX_DIST; i++) idx[n + i] = idx[i % n];
     const long row_bytes = DIM * (long)sizeof(float);
-    double bytes = (double)n * row_bytes;
-    const int dists[] = {0, 8, 16, 32, 64, 128};
-    for (int d = 0; d < 6; d++) {
+    long whole = 0;  /* rows gathered: each thread's share, in whole bags */
+    for (int t = 0, nt = omp_get_max_threads(); t < nt; t++) whole += (n * (t + 1) / nt - n * t / nt) / BAG * BAG;
+    double bytes = (double)whole * row_bytes;
+    const int dists[] = {0, 8, 16, 32, 64, 128, 256, MAX_DIST};
+    for (int d = 0; d < (int)(sizeof dists / sizeof *dists); d++) {
         int p = dists[d];
         double best = 1e30, spent = 0;
         for (int rep = 0; rep < 20 && (rep < 3 || spent < 0.2); rep++) {
@@ -178,19 +182,18 @@ static void gather(long rows, long n) {
             {
                 int t = omp_get_thread_num(), nt = omp_get_num_threads();
                 long lo = n * t / nt, hi = n * (t + 1) / nt;
+                hi = lo + (hi - lo) / BAG * BAG;  /* whole bags: no bound inside the unrolled rows */
                 float *o = out + (long)t * DIM;
                 for (long b = lo; b < hi; b += BAG) {
                     float acc[ROW_CHAINS][DIM];
                     memset(acc, 0, sizeof acc);
-                    long e = b + BAG < hi ? b + BAG : hi;
-                    for (long i0 = b; i0 < e; i0 += ROW_CHAINS)
+                    for (long i0 = b; i0 < b + BAG; i0 += ROW_CHAINS)
                         for (int c = 0; c < ROW_CHAINS; c++) {  /* unrolled: chain c's sums stay in registers */
                             long i = i0 + c;
-                            if (i >= e) break;
-                            if (p && i + p < hi) {  /* every line the row touches (rows of 72 bytes straddle 2) */
+                            if (p) {  /* every line the row touches (rows of 72 bytes straddle 2) */
                                 const char *r = (const char *)(w + idx[i + p] * DIM);
-                                const char *q = (const char *)((uintptr_t)r & ~(uintptr_t)63);
-                                for (; q < r + row_bytes; q += 64) __builtin_prefetch(q, 0, 3);
+                                for (long l = 0; l < row_bytes; l += 64) __builtin_prefetch(r + l, 0, 3);
+                                __builtin_prefetch(r + row_bytes - 1, 0, 3);
                             }
                             const float *restrict row = w + idx[i] * DIM;
                             for (int k = 0; k < DIM; k++) acc[c][k] += row[k];

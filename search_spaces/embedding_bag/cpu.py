@@ -36,11 +36,12 @@ LOOP_ORDER = Choice("loop_order", ("rows_outer", "tiles_outer"), doc=(
 UNROLL = Choice("unroll", (1, 2, 4, 8), doc=(
     "Unrolls the pooling loop so several independent row loads are in flight: random-row gathers are "
     "latency-bound, and overlapping misses is most of the speed."))
-PREFETCH = Choice("prefetch", (0, 4, 8, 16, 32), doc=(
+PREFETCH = Choice("prefetch", (0, 4, 8, 16, 32, 64, 128, 256), doc=(
     "Software-prefetch distance in rows (LLVM's prefetch intrinsic), as FBGEMM's generated kernels do: "
     "issues the miss for the row that many indices ahead, across bag boundaries (across a table boundary of "
     "a batched kernel the guess uses the current table's base: a wasted prefetch, never a fault). 0 disables "
-    "it."))
+    "it. The distance that keeps enough misses in flight grows with the rows a core pools while one miss is "
+    "outstanding: small rows (int8, fp16) are pooled fast and want a long one (64-256)."))
 PREFETCH_LINES = Choice("prefetch_lines", (1, 2, 4, 8), doc=(
     "64-byte cache lines of the future row to prefetch: a whole row costs more prefetch slots, a partial "
     "one relies on the hardware's adjacent-line prefetcher. Rows that are not a whole number of lines (int8 "

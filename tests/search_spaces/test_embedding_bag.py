@@ -66,12 +66,12 @@ def test_matches_torch_for_default_and_random_configs(case):
 def test_every_knob_value_builds_and_matches():
     """Each value of each knob appears in at least one checked config: the default, then a greedy cover of the
     values not yet checked (of a few random configs, the one that takes most of them), as test_interaction's.
-    About 8 compiles instead of one per knob value (32)."""
+    About 8 compiles instead of one per knob value (35)."""
     task = make_task("embedding_bag", "cpu", rows=64, dim=32, batch=9, pooling=(0, 12))
     tensors = eb.inputs(task.workload, seed=1)
     ref = eb.reference(task.workload, *tensors)
     missing = {(k.name, v) for k in task.space.knobs for v in k.values}
-    assert len(missing) == 32 and ("bags_per_task", 64) in missing and ("loop_order", "tiles_outer") in missing
+    assert len(missing) == 35 and ("prefetch", 256) in missing and ("loop_order", "tiles_outer") in missing
     rng = random.Random(0)
     cfg = task.space.default()
     for _ in range(16):
