@@ -293,3 +293,21 @@ def test_the_speed_check_cycles_through_the_timing_batches(monkeypatch):
         second = torch.relu(model[0](other[0]))
     assert [torch.equal(o, n) for o, n in seen] == [True] * 3
     assert torch.equal(seen[0][0], first) and torch.equal(seen[1][0], second) and torch.equal(seen[2][0], first)
+
+
+def test_the_cheapest_layer_whose_share_covers_the_excess_moves_first():
+    """Errors add at most: a layer whose share covers ratio - 1 may hold the contract alone, and of those the
+    one with the least eager time gives up the least speed (the DLRM's top.2 before top.0, its shares alike);
+    where none covers it, or without every layer's time, the largest share goes."""
+    shares = {"top0": 0.69, "top2": 0.64, "table": 0.05}
+    times = {"top0": 1.0e-3, "top2": 0.5e-3, "table": 0.2e-3}
+    layers = [Reduced(n, n, n, lambda *a: None) for n in shares]
+    costs = A.layer_costs(layers, times)
+    assert costs == times
+    assert A.next_to_fall_back(1.3, shares, costs) == "top2"  # both cover 0.3: the cheaper
+    assert A.next_to_fall_back(1.67, shares, costs) == "top0"  # only top0 covers 0.67
+    assert A.next_to_fall_back(3.0, shares, costs) == "top0"  # none covers 2: the largest share
+    assert A.next_to_fall_back(1.3, shares) == "top0"  # no costs: the largest share
+    assert A.next_to_fall_back(1.3, {"a": 0.5, "b": 0.5}, {"a": 1.0, "b": 1.0}) == "a"  # ties: graph order
+    assert A.layer_costs(layers, {"top0": 1e-3, "top2": 5e-4}) is None  # the table's time unknown
+    assert A.layer_costs(layers, {**times, "table": 0.0}) is None

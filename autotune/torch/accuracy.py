@@ -13,9 +13,10 @@ range; `atol` is its floor, the absolute error allowed where outputs are small. 
 
 Each layer a quantizing rule runs in reduced precision (`search_spaces.template.Reduced`) carries an eager
 simulation of its numerics. `layer_shares` measures each layer's share of the error: the model's output error,
-on the check batches, with that layer alone simulated. `plan` then keeps layers in fp32, the most
-error-sensitive first, until the simulated model holds the tolerance; tune_model confirms that on the rewritten
-model with its real kernels and keeps more layers in fp32, in the same order, while the real model breaks it.
+on the check batches, with that layer alone simulated. `plan` then keeps layers in fp32 one at a time
+(`next_to_fall_back`: the cheapest layer whose share covers the excess, else the largest share) until the
+simulated model holds the tolerance; tune_model confirms that on the rewritten model with its real kernels and
+moves more layers to a finer precision, chosen the same way from the measured error, while it breaks it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from search_spaces.template import PRECISIONS, Reduced
 from .graph import _as_args, flat_inputs
 
 __all__ = ["Batch", "BatchError", "FP32_EXACT", "INT8", "LayerPrecision", "Tolerance", "AccuracyReport",
-           "check", "check_batches", "default_tolerance", "draw_like", "layer_shares", "plan", "timing_batches"]
+           "check", "check_batches", "default_tolerance", "draw_like", "layer_costs", "layer_shares",
+           "next_to_fall_back", "plan", "timing_batches"]
 
 
 @dataclass(frozen=True)
@@ -266,20 +268,35 @@ def layer_shares(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[
 
 
 def plan(gm: fx.GraphModule, batches: Sequence[Batch], layers: Sequence[Reduced], tolerance: Tolerance,
-         shares: dict[str, float]) -> list[str]:
-    """The layers to keep in fp32, in fallback order (largest share of the error first): the shortest prefix
-    of that order with which the simulated model holds `tolerance`."""
-    order = fallback_order(shares)
-    for i in range(len(order) + 1):
-        rest = [layer for layer in layers if layer.node not in order[:i]]
-        if not rest or simulated_ratio(gm, batches, rest, tolerance) <= 1.0:
-            return order[:i]
-    return order
+         shares: dict[str, float], costs: dict[str, float] | None = None) -> list[str]:
+    """The layers to keep in fp32, in the order they were taken (`next_to_fall_back` on the simulated error),
+    until the simulated model holds `tolerance`."""
+    held: list[str] = []
+    while True:
+        rest = [layer for layer in layers if layer.node not in held]
+        ratio = simulated_ratio(gm, batches, rest, tolerance) if rest else 0.0
+        if ratio <= 1.0:
+            return held
+        held.append(next_to_fall_back(ratio, {layer.node: shares[layer.node] for layer in rest}, costs))
 
 
-def fallback_order(shares: dict[str, float]) -> list[str]:
-    """Layer nodes, the most error-sensitive first (ties: in graph order, as `shares` lists them)."""
-    return sorted(shares, key=lambda name: -shares[name])
+def next_to_fall_back(ratio: float, shares: dict[str, float], costs: dict[str, float] | None = None) -> str:
+    """The layer (of `shares`: node -> its share of the error) to move to a finer precision while the model's
+    error is `ratio` x the allowed: the cheapest (`costs`, from `layer_costs`) of those whose share alone covers
+    the excess, ratio - 1 (errors add at most, so one such step may suffice: of top.0 and top.2 with like
+    shares, the one that gives up less speed); where none does, or without costs, the largest share, the
+    longest step towards it. Ties: the first, in graph order."""
+    enough = [node for node, share in shares.items() if share >= ratio - 1.0]
+    if costs and enough:
+        return min(enough, key=lambda node: (costs.get(node, math.inf), -shares[node]))
+    return max(shares, key=lambda node: shares[node])
+
+
+def layer_costs(layers: Sequence[Reduced], times: dict[str, float]) -> dict[str, float] | None:
+    """{layer node: its eager seconds} (`times`: graph.node_times), what running it in reduced precision saves
+    grows with; None unless every layer has a time above zero."""
+    costs = {layer.node: times.get(layer.node, 0.0) for layer in layers}
+    return costs if all(t > 0 for t in costs.values()) else None
 
 
 # ---- the report ---------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Linears do on small CPUs); a rule that fuses others' sites (`GraphRule.fuses`: t
 interaction as one kernel) is kept only where the whole model runs faster with it than with the other rules'
 replacements there (their tasks are tuned too); the rewritten model is held to the accuracy contract
 (`tolerance`, on the example and held-out batches: `accuracy.py`), layers that break it moving up the precision
-ladder (int8, bf16 where a rule runs it, fp32), the most error-sensitive first;
+ladder (int8, bf16 where a rule runs it, fp32) one at a time: the cheapest whose share of the error covers the
+excess, else the largest share;
 eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
 ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
@@ -152,11 +153,12 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
     `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
     held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
-    the example, see `accuracy.draw_like`); int8 layers that break it stay fp32, the most error-sensitive first,
-    and a model that breaks it with none left comes back unchanged. `timing_batches`: every timing (speed
-    checks, eager against optimized) cycles through this many batches, the example, the check batches, then
-    fresh ones drawn like the example; 1 times the example batch alone (its rows stay in cache, which flatters
-    gathers).
+    the example, see `accuracy.draw_like`); int8 layers that break it move to a finer precision one at a time (the
+    cheapest whose share of the error covers the excess, else the largest share: `accuracy.next_to_fall_back`),
+    and a model that breaks it with none left comes back unchanged.
+    `timing_batches`: every timing (speed checks, eager against optimized) cycles through this many batches,
+    the example, the check batches, then fresh ones drawn like the example; 1 times the example batch alone (its
+    rows stay in cache, which flatters gathers).
     `shipped`: a shipped record of the same workload and CPU competes with the tuned ones. `extra_rules` join
     the operators' graph rules (`rules` replaces them). `bench_rounds` interleaved rounds of `bench_seconds`
     per model time eager against optimized (0: no timing). `require_speedup`: a replacement that agrees is also
@@ -188,9 +190,10 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     layers = _reduced([*found.matches, *found.alternatives])  # a fusion's alternatives may run layers in int8
     shares = accuracy.layer_shares(gm, checks, layers, contract)
     share = _Shares(gm, checks, contract, {(layer.node, layer.precision): shares[layer.node] for layer in layers})
+    costs = accuracy.layer_costs(layers, job.times)
     with _Workers() as workers:
-        opt, done, errors, floors = _hold(job, workers, checks, contract, share,
-                                          accuracy.plan(gm, checks, layers, contract, shares))
+        opt, done, errors, floors = _hold(job, workers, checks, contract, share, costs,
+                                          accuracy.plan(gm, checks, layers, contract, shares, costs))
     report.replaced, report.kept = done.replaced, done.kept
     report.accuracy = _accuracy_report(contract, errors, layers, shares, floors, done,
                                        {r.name for r in ruleset if r.quantizes})
@@ -252,11 +255,12 @@ class _Shares:
 
 
 def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, share: _Shares,
-          planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError], dict[str, str]]:
+          costs: dict[str, float] | None, planned: list[str]) -> tuple[Any, Rewrite, list[accuracy.BatchError],
+                                                                     dict[str, str]]:
     """Rewrite the model with the `planned` layers one step up the precision ladder (bf16 where a rule runs it,
     else fp32), then, while its real kernels break `contract` on the check batches, move one more layer one
-    step up each time: the one with the largest share of the error at the precision it runs in (ties: the
-    first). Returns (the rewritten model, its rewrite, its errors on the check batches, the floors: node -> the
+    step up each time: `accuracy.next_to_fall_back` of the measured error, over each layer's share of the error
+    at the precision it runs in. Returns (the rewritten model, its rewrite, its errors on the check batches, the floors: node -> the
     coarsest precision it was allowed)."""
     floors = {name: finer(PRECISIONS[0]) for name in planned}
     while True:
@@ -265,7 +269,9 @@ def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tol
         running = _running(done)
         if all(e.holds for e in errors) or not running:
             return opt, done, errors, floors
-        step = max(running.values(), key=share)
+        ratio = max(e.ratio for e in errors)
+        step = running[accuracy.next_to_fall_back(ratio, {node: share(layer) for node, layer in running.items()},
+                                                  costs)]
         floors = {**floors, step.node: finer(step.precision)}
 
 

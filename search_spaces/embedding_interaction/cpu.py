@@ -17,11 +17,12 @@ from .workload import Workload
 __all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "LANES", "PAIRS_PER_BLOCK", "PREFETCH", "PREFETCH_LINES",
            "SAMPLES_PER_TASK", "THREADING", "UNROLL", "lower", "schedule", "space"]
 
-PREFETCH = Choice("prefetch", (32, 0, 8, 16, 64), doc=(
+PREFETCH = Choice("prefetch", (32, 0, 8, 16, 64, 128, 256), doc=(
     "Software-prefetch distance in bags, in the kernel's order (a sample's tables one after another, then the "
     "next sample's): the rows of the bag that many bags ahead are prefetched before a bag is pooled. A "
     "distance of about the number of tables or more fetches the next sample's rows while this one computes "
-    "its dot products, which is what fusing the gather into the interaction makes possible; 0 disables it."))
+    "its dot products, which is what fusing the gather into the interaction makes possible; small rows (int8) "
+    "are pooled fast and want several samples ahead; 0 disables it."))
 ACCUMULATOR = Choice("accumulator", ("local", "scratch"), doc=(
     "Where a bag is pooled: 'local' sums its rows in a D-float accumulator on the stack (LLVM keeps it in "
     "registers) and copies it once into the sample's staged features; 'scratch' adds each row straight into "
