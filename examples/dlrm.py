@@ -185,9 +185,22 @@ def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch],
                                       check_inputs=list(held_out), timing_batches=args.fresh)
     print(f"\n== {name}: tune_model(quantize={quantize}) in {time.perf_counter() - t0:.0f} s\n{report}")
     layers = report.accuracy.layers if report.accuracy else []
-    finer = {p: [layer.where.split(",")[0] for layer in layers if layer.precision == p] for p in ("bf16", "fp32")}
-    note = "; ".join(f"{p}: {', '.join(names)}" for p, names in finer.items() if names) if quantize else ""
-    return Contender(name, optimized, time.perf_counter() - t0, note=note)
+    return Contender(name, optimized, time.perf_counter() - t0, note=finer_than_int8(layers) if quantize else "")
+
+
+def finer_than_int8(layers: Sequence[Any]) -> str:
+    """The report's layers finer than int8, in brief: Linears by name, tables counted ("bf16: top.0; fp16 rows: 26
+    tables; fp32: top.4")."""
+    parts = []
+    for precision, tables_in in (("bf16", "fp16 rows"), ("fp32", "fp32")):
+        at = [layer for layer in layers if layer.precision == precision]
+        linears = [layer.where.split(",")[0] for layer in at if "table" not in layer.what]
+        tables = sum("table" in layer.what for layer in at)
+        if linears:
+            parts.append(f"{precision}: {', '.join(linears)}")
+        if tables:
+            parts.append(f"{tables_in}: {tables} table{'s' * (tables > 1)}")
+    return "; ".join(parts)
 
 
 def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], args: argparse.Namespace) \

@@ -269,6 +269,7 @@ class TorchBinding:
 # ---- how an operator appears in a captured PyTorch graph (read by autotune.torch.tune_model) ----------------
 # The precisions a layer may run in, coarsest first: tune_model's accuracy contract moves a layer that breaks
 # it one step up this ladder at a time (a quantizing rule of that precision takes it, if one can), up to fp32.
+# "bf16" is the 16-bit rung: bf16 GEMMs for Linears, fp16 rows for embedding tables.
 PRECISIONS = ("int8", "bf16", "fp32")
 
 

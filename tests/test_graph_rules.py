@@ -434,6 +434,36 @@ def test_int8_tables_feeding_an_interaction_become_one_fused_call_over_int8_rows
         assert close(gm(*_table_inputs(batch))[0], int8_model(*_table_inputs(batch))[0], atol=exact_atol)
 
 
+def test_a_table_moved_up_from_int8_takes_the_group_to_fp16_rows():
+    """The 16-bit rung's twin: where the contract holds a table above int8, the int8 group breaks and the fp16
+    rule takes all of it (tables in fp16 rows, each a Reduced layer of the bf16 rung); the kernel's numerics
+    are the model's over fp16-rounded tables."""
+    model = Tables()
+    args = _table_inputs(6)
+    gm = capture(model, args)
+    values = example_values(gm, args)
+    int8_rule, fp16_rule = rule("embedding_interaction", "embedding_interaction_int8"), rule(
+        "embedding_interaction", "embedding_interaction_fp16")
+    assert fp16_rule.precision == "bf16" and fp16_rule.quantizes
+    (m,) = [f for f in fp16_rule.find(gm, values, set()) if isinstance(f, GraphMatch)]
+    assert m.tasks[0][1]["dtype"] == "float16" and "fp16 rows" in m.what
+    assert [(r.precision, r.what.endswith("fp16 rows")) for r in m.reduced] == [("bf16", True)] * 3
+    held = {n for n in m.nodes if n.name == m.reduced[0].node}  # one table's floor above int8
+    assert not [f for f in int8_rule.find(gm, values, held) if isinstance(f, GraphMatch)]
+    matches, _ = run_rule(gm, args, "embedding_interaction", name="embedding_interaction_fp16")
+    assert len(matches) == 1
+    (fused,) = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.embedding_interaction.default]
+    assert getattr(gm, fused.args[1].target).dtype == torch.float16
+    half = Tables()
+    half.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for emb in half.embs:
+            emb.weight.copy_(emb.weight.half().float())
+    _, atol = m.tolerance
+    for batch in (6, 9):
+        assert close(gm(*_table_inputs(batch))[0], half(*_table_inputs(batch))[0], atol=atol)
+
+
 def test_bags_read_outside_the_interaction_are_not_fused_and_say_why():
     args = _table_inputs(6)
     gm = capture(Tables(), args)
@@ -607,6 +637,8 @@ def test_every_template_rule_is_exposed_by_priority():
     got = {op: [(r.name, r.priority, r.quantizes, r.fuses) for r in search_spaces.get(op).graph_rules()]
            for op in ("embedding_interaction", "batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
     assert got == {"embedding_interaction": [("embedding_interaction_int8", 4, True, ("batched_embedding_bag_int8",
+                                                                                       "interaction")),
+                                             ("embedding_interaction_fp16", 4, True, ("batched_embedding_bag_int8",
                                                                                        "interaction")),
                                              ("embedding_interaction", 5, False, ("batched_embedding_bag",
                                                                                   "interaction"))],

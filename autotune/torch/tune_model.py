@@ -317,15 +317,20 @@ def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], lay
     errors."""
     running = _running(done)
     out = AccuracyReport(contract, errors)
+    unique: dict[str, Reduced] = {}  # a table is a layer of a fusion's match and of its alternatives alike
     for layer in layers:
-        precision = running[layer.node].precision if layer.node in running else "fp32"
+        unique.setdefault(layer.node, layer)
+    for layer in unique.values():
+        run = running.get(layer.node)
+        precision = run.precision if run is not None else "fp32"
         if layer.node in floors and precision != layer.precision:
             why = f"{'kept ' * (precision == 'fp32')}in {precision} to hold the tolerance"
         elif precision == "fp32":
             why = _why_kept(layer, done.kept, quantizing)
         else:
             why = ""
-        out.layers.append(LayerPrecision(layer.where, layer.what, precision, shares.get(layer.node, 0.0), why))
+        out.layers.append(LayerPrecision(layer.where, run.what if run is not None else layer.what, precision,
+                                         shares.get(layer.node, 0.0), why))
     return out
 
 
