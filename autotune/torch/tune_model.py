@@ -153,9 +153,9 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
     `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
     held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
-    the example, see `accuracy.draw_like`); int8 layers that break it move to a finer precision one at a time (the
-    cheapest whose share of the error covers the excess, else the largest share: `accuracy.next_to_fall_back`),
-    and a model that breaks it with none left comes back unchanged.
+    the example, see `accuracy.draw_like`); int8 layers that break it move to a finer precision one at a time
+    (the cheapest whose share of the error covers the excess, else the largest share:
+    `accuracy.next_to_fall_back`), and a model that breaks it with none left comes back unchanged.
     `timing_batches`: every timing (speed checks, eager against optimized) cycles through this many batches,
     the example, the check batches, then fresh ones drawn like the example; 1 times the example batch alone (its
     rows stay in cache, which flatters gathers).
@@ -260,8 +260,8 @@ def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tol
     """Rewrite the model with the `planned` layers one step up the precision ladder (bf16 where a rule runs it,
     else fp32), then, while its real kernels break `contract` on the check batches, move one more layer one
     step up each time: `accuracy.next_to_fall_back` of the measured error, over each layer's share of the error
-    at the precision it runs in. Returns (the rewritten model, its rewrite, its errors on the check batches, the floors: node -> the
-    coarsest precision it was allowed)."""
+    at the precision it runs in. Returns (the rewritten model, its rewrite, its errors on the check batches, the
+    floors: node -> the coarsest precision it was allowed)."""
     floors = {name: finer(PRECISIONS[0]) for name in planned}
     while True:
         opt, done = _rewritten(job, workers, floors)

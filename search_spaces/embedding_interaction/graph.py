@@ -151,9 +151,9 @@ def _reduced_tolerance(gm: Any, values: dict[str, Any], group: list[Bag], x: Any
     return rtol, atol + moved * (1 + 1e-3)
 
 
-def _finder(rule: str, dtype: str, precision: str, rows: str) -> Any:
-    """`find` over the tables converted once to `dtype` rows (`rows`: how the report names them); each table a
-    `Reduced` layer of `precision`."""
+def _finder(rule: str, dtype: str, precision: str, rows: str, layout: str = "") -> Any:
+    """`find` over the tables converted once to `dtype` rows (`rows`: how the report names them, `layout` what
+    the match adds); each table a `Reduced` layer of `precision`."""
     simulate = simulated_bag(dtype)
 
     def find_reduced(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
@@ -162,17 +162,20 @@ def _finder(rule: str, dtype: str, precision: str, rows: str) -> Any:
                 yield found
                 continue
             group, site, x, fields, nodes = found
-            reduced = tuple(Reduced(node=b.node.name, where=where([b.node]), simulate=simulate, precision=precision,
-                                    what=f"EmbeddingBag({b.rows}, {b.dim}) table, {rows}") for b in group)
-            yield _match(rule, group, site, x, fields, nodes, _reduced_tolerance(gm, values, group, x, fields, dtype),
-                         f" of {rows}, converted once", dtype, reduced)
+            reduced = tuple(Reduced(node=b.node.name, where=where([b.node]), simulate=simulate,
+                                    what=f"EmbeddingBag({b.rows}, {b.dim}) table, {rows}", precision=precision)
+                            for b in group)
+            tol = _reduced_tolerance(gm, values, group, x, fields, dtype)
+            yield _match(rule, group, site, x, fields, nodes, tol, f" of {rows}{layout}, converted once", dtype,
+                         reduced)
 
     return find_reduced
 
 
-find_int8 = _finder(RULE_INT8, "int8", "int8", "int8 rows (FBGEMM's fused row-wise layout)")
+find_int8 = _finder(RULE_INT8, "int8", "int8", "int8 rows", " (FBGEMM's fused row-wise layout)")
 find_fp16 = _finder(RULE_FP16, "float16", "bf16", "fp16 rows")
 
 RULES = (GraphRule(RULE_INT8, find_int8, priority=4, quantizes=True, fuses=(BAGS_INT8, INTERACTION)),
-         GraphRule(RULE_FP16, find_fp16, priority=4, quantizes=True, precision="bf16", fuses=(BAGS_INT8, INTERACTION)),
+         GraphRule(RULE_FP16, find_fp16, priority=4, quantizes=True, precision="bf16",
+                   fuses=(BAGS_INT8, INTERACTION)),
          GraphRule(OP, find, priority=5, fuses=(BAGS, INTERACTION)))
