@@ -1,7 +1,8 @@
 """tune_model's accuracy contract (autotune/torch/accuracy.py), with quantizing rules of the test's own: no
 tuning, no TVM. A rule "quantizes" a Linear by adding a fixed error to its output, and says so in its `Reduced`
-simulation; the contract must keep the layers that break the tolerance in fp32, the most error-sensitive first,
-and say so in the report. The operators' own int8 rule under the contract: tests/test_tune_model.py (slow).
+simulation; the contract must move the layers that break the tolerance to fp32 one at a time
+(`accuracy.next_to_fall_back`), and say so in the report. The operators' own int8 rule under the contract:
+tests/test_tune_model.py (slow).
 """
 
 from __future__ import annotations
