@@ -71,7 +71,8 @@ def test_every_knob_value_builds_and_matches():
     tensors = eb.inputs(task.workload, seed=1)
     ref = eb.reference(task.workload, *tensors)
     missing = {(k.name, v) for k in task.space.knobs for v in k.values}
-    assert len(missing) == 35 and ("prefetch", 256) in missing and ("loop_order", "tiles_outer") in missing
+    assert len(missing) == 35 and ("bags_per_task", 64) in missing and ("loop_order", "tiles_outer") in missing
+    assert ("prefetch", 256) in missing
     rng = random.Random(0)
     cfg = task.space.default()
     for _ in range(16):
