@@ -5,8 +5,9 @@ Three microbenchmarks in one small C program, compiled with the system's compile
 - random-row gather: sum uniformly random rows of a (rows, dim) fp32 table in bags of 32, nothing else per
   row, into ROW_CHAINS independent register accumulators (so no add waits on the last row's: as many misses
   in flight as the out-of-order window and the prefetches allow), with software prefetch at several
-  distances; the best is the roof of an embedding bag (whose GB/s counts gathered rows the same way, so a
-  Zipf stream whose hot rows stay in cache can exceed it);
+  distances, the table in 2 MB pages where Linux gives them (as the embedding ops keep theirs: a page walk
+  per lookup of a table in 4 KB pages caps the misses in flight); the best is the roof of an embedding bag
+  (whose GB/s counts gathered rows the same way, so a Zipf stream whose hot rows stay in cache can exceed it);
 - fp32 FMA peak: independent vector FMA chains per thread, enough of them to be throughput-bound;
 - int8 peak: u8 x s8 -> s32 dot products, `vpdpbusd` where the CPU has AVX512-VNNI or AVX-VNNI, else AVX2's
   `pmaddubsw` + `pmaddwd` + add (what int8 GEMMs use there); 2 ops per multiply-add, as qmatmul counts.
@@ -55,6 +56,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 
@@ -158,9 +160,13 @@ static double int8_peak(long iters, const char **how) {
 #define ROW_CHAINS 4
 #define BAG 32
 #define MAX_DIST 512  /* rows: small rows are pooled fast, and need misses issued far ahead */
-static void gather(long rows, long n) {
-    size_t bytes_w = ((size_t)rows * DIM * sizeof(float) + 63) / 64 * 64;
-    float *w = aligned_alloc(64, bytes_w);
+static void gather(long rows, long n, int huge) {
+    const size_t page = 2u << 20;  /* a 2 MB page; asked for before the table is first touched */
+    size_t bytes_w = ((size_t)rows * DIM * sizeof(float) + page - 1) / page * page;
+    float *w = aligned_alloc(page, bytes_w);
+#ifdef MADV_HUGEPAGE
+    madvise(w, bytes_w, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+#endif
     int64_t *idx = malloc((n + MAX_DIST) * sizeof(int64_t));  /* the tail repeats the head: prefetches need no bound */
     float *out = calloc((size_t)omp_get_max_threads() * DIM, sizeof(float));
     #pragma omp parallel for
@@ -234,15 +240,15 @@ int main(int argc, char **argv) {
         printf("int8 %.6f %s\n", r / 1e9, how);
         return 0;
     }
-    if (argc >= 5 && !strcmp(argv[1], "gather")) {
+    if (argc >= 6 && !strcmp(argv[1], "gather")) {
         if (atol(argv[3]) != DIM) {
             fprintf(stderr, "this program gathers rows of %d floats, not %s\n", DIM, argv[3]);
             return 2;
         }
-        gather(atol(argv[2]), atol(argv[4]));
+        gather(atol(argv[2]), atol(argv[4]), !strcmp(argv[5], "huge"));
         return 0;
     }
-    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N (DIM: the one it was built for)\n");
+    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N huge|small (DIM: the one it was built for; the table in 2 MB or 4 KB pages)\n");
     return 2;
 }
 """
@@ -347,10 +353,11 @@ def int8_peak(fresh: bool = False) -> Roof:
     return _cached(f"int8|{_machine()}", measure, fresh)
 
 
-def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES) -> dict[str, float]:
-    """GB/s of the random-row gather per prefetch distance ("prefetch N") and of a sequential read."""
+def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES, huge_pages: bool = True) -> dict[str, float]:
+    """GB/s of the random-row gather per prefetch distance ("prefetch N") and of a sequential read, the table in
+    2 MB pages (as the embedding ops keep theirs: search_spaces/embedding_bag/pages.py) or in 4 KB ones."""
     out = {}
-    for line in _run("gather", str(rows), str(dim), str(n), dim=dim):
+    for line in _run("gather", str(rows), str(dim), str(n), "huge" if huge_pages else "small", dim=dim):
         out[f"prefetch {line[1]}" if line[0] == "gather" else line[0]] = float(line[-1])
     return out
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._torch_checks import need, same_device_contiguous
+from ..embedding_bag import pages
 from ..embedding_bag.rows import quantize, table_dtype
 from ..embedding_bag.checks import explain_table, out_dtype, table_ok
 from ..embedding_bag.torch_op import ATEN_MODES, table_dim
@@ -163,45 +164,16 @@ def _explain_indices(table_offsets: Tensor, indices: Sequence[Tensor]) -> None:
 
 
 # ---- the tables' one buffer ---------------------------------------------------------------------------------
-HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
 def concat_tables(tables: Sequence[Tensor]) -> Tensor:
-    """The tables concatenated into one contiguous (sum rows, D) tensor; on a Linux CPU, in memory advised to use
-    2 MB pages before it is written. A gather reads rows at random over hundreds of MB: with 4 KB pages nearly
-    every lookup misses the TLB (benchmarks/EMBEDDING_BAG.md has the gain, on a machine where transparent huge
-    pages are on `madvise`). Elsewhere, or where the advice is refused, a plain cat."""
+    """The tables concatenated into one contiguous (sum rows, D) tensor, on a CPU in 2 MB pages where the
+    platform gives them (embedding_bag/pages.py: nearly every lookup of a large table in 4 KB pages misses the
+    TLB)."""
     first = tables[0]
-    rows, dim = sum(t.shape[0] for t in tables), first.shape[1]
-    nbytes = rows * dim * first.element_size()
-    if first.device.type != "cpu" or nbytes < 4 * HUGE_PAGE or not _advise_huge_pages_supported():
+    if first.device.type != "cpu":
         return torch.cat(list(tables)).contiguous()
-    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: its pages are not mapped yet
-    skip = -raw.data_ptr() % HUGE_PAGE
-    _LIBC[0].madvise(raw.data_ptr() + skip, nbytes // HUGE_PAGE * HUGE_PAGE, _MADV_HUGEPAGE)
-    out = raw[skip:skip + nbytes].view(first.dtype).view(rows, dim)
+    out = pages.empty((sum(t.shape[0] for t in tables), first.shape[1]), first.dtype)
     torch.cat(list(tables), out=out)
     return out
-
-
-_LIBC: list[Any] = []
-
-
-def _advise_huge_pages_supported() -> bool:
-    if not _LIBC:
-        import ctypes
-        import sys
-
-        libc = None
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            except (OSError, AttributeError):
-                libc = None
-        _LIBC.append(libc)
-    return _LIBC[0] is not None
 
 
 # ---- FBGEMM's layout ----------------------------------------------------------------------------------------

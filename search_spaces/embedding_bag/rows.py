@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .pages import in_huge_pages
+
 DTYPES = ("float32", "float16", "bfloat16", "int8")
 FUSED_BYTES = 8  # an int8 row's float32 scale and bias, after its values
 LINE_BYTES = 64  # a cache line: the CPU kernels' prefetch step
@@ -125,13 +127,13 @@ def _torch_dtypes() -> dict[Any, str]:
 
 
 def quantize(weight: Any, dtype: str) -> Any:
-    """A float32 (rows, dim) table in `dtype`'s storage: a cast, or FBGEMM's fused int8 rows (PyTorch's
-    `quantized::embedding_bag_byte_prepack`, which is FBGEMM's)."""
+    """A copy of a float32 (rows, dim) table in `dtype`'s storage, in 2 MB pages where it is large (pages.py): a
+    cast, or FBGEMM's fused int8 rows (PyTorch's `quantized::embedding_bag_byte_prepack`, which is FBGEMM's)."""
     import torch
 
     if dtype == "int8":
-        return torch.ops.quantized.embedding_bag_byte_prepack(weight.detach().float().contiguous())
-    return weight.detach().to(torch_storage(dtype)).contiguous()
+        return in_huge_pages(torch.ops.quantized.embedding_bag_byte_prepack(weight.detach().float().contiguous()))
+    return in_huge_pages(weight.detach().to(torch_storage(dtype)).contiguous())
 
 
 def dequantize(table: Any, dtype: str) -> Any:

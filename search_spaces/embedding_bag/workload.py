@@ -17,6 +17,8 @@ import numpy as np
 
 from ..template import IndexOutOfRange, InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
 from .fbgemm import tbe
+from . import pages
+from .pages import in_huge_pages
 from .rows import RowFormat, check_dtype, dequantize, quantize, table_dtype
 
 MODES = ("sum", "mean", "max")
@@ -168,7 +170,8 @@ def boundaries(counts: Any) -> np.ndarray:
 
 
 def table(rows: int, dim: int, dtype: str, seed: int) -> Any:
-    """A random (rows, dim) table of standard normal values in `dtype`'s storage (rows.py)."""
+    """A random (rows, dim) table of standard normal values in `dtype`'s storage (rows.py), in 2 MB pages as the
+    modules keep theirs (`quantize`)."""
     import torch
 
     return quantize(torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)), dtype)
@@ -256,15 +259,20 @@ def pool_dequantized(dtype: str, weight: Any, indices: Any, offsets: Any, per_sa
 def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None
               ) -> dict[str, Callable[[], Any]]:
     """PyTorch's way, F.embedding_bag itself (one call, its own fused kernel), over the float32 table (a
-    reduced-precision one is dequantized once: PyTorch's fp32 model is what it is measured against); for int8
-    rows also PyTorch's own int8 embedding bag (FBGEMM's fused row-wise kernel); and FBGEMM's TBE at the table's
-    precision where fbgemm-gpu-cpu is installed (fbgemm.py). Not PyTorch's fp16/bf16 bags: they write fp16/bf16."""
+    reduced-precision one is dequantized once: PyTorch's fp32 model is what it is measured against), in the same
+    2 MB pages as the kernels' table, and over a copy in memory PyTorch allocates ("torch_own_memory": 4 KB pages
+    unless THP is `always`, the table of a PyTorch model); for int8 rows also PyTorch's own int8 embedding bag
+    (FBGEMM's fused row-wise kernel); and FBGEMM's TBE at the table's precision where fbgemm-gpu-cpu is installed
+    (fbgemm.py). Not PyTorch's fp16/bf16 bags: they write fp16/bf16."""
     import torch
 
     F, values = torch.nn.functional, float32_table(weight, w.dtype)
+    own = own_memory_table(values)
     options = dict(mode=w.mode, per_sample_weights=per_sample_weights, include_last_offset=w.include_last_offset,
                    padding_idx=w.padding_idx)
     calls = {"torch": lambda: F.embedding_bag(indices, values, offsets, **options)}
+    if own is not values:
+        calls["torch_own_memory"] = lambda: F.embedding_bag(indices, own, offsets, **options)
     plain = w.padding_idx is None and per_sample_weights is None and w.mode != "max"
     if w.dtype == "int8" and plain:
         calls["torch_int8"] = lambda: torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
@@ -279,8 +287,19 @@ def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_w
 
 @functools.lru_cache(maxsize=1)
 def float32_table(weight: Any, dtype: str) -> Any:
-    """The float32 values of a whole table, once for the batches that share it (the baselines' PyTorch fp32)."""
-    return dequantize(weight, dtype)
+    """The float32 values of a whole table, once for the batches that share it (the baselines' PyTorch fp32), in
+    2 MB pages as the table itself."""
+    return weight if dtype == "float32" else in_huge_pages(dequantize(weight, dtype))
+
+
+@functools.lru_cache(maxsize=1)
+def own_memory_table(values: Any) -> Any:
+    """A copy of a float32 table in memory PyTorch allocates, once for the batches that share it (the baselines'
+    "torch_own_memory"); `values` itself where it is too small to have been put in 2 MB pages."""
+    import torch
+
+    paged = values.is_cpu and values.numel() * values.element_size() >= pages.MIN_TABLE_BYTES
+    return torch.empty_like(values).copy_(values) if paged else values
 
 
 def gathered(nnz: int, dim: int, row_bytes: int | None = None) -> Traffic:

@@ -454,7 +454,8 @@ def test_a_kernel_without_validation_raises_what_its_gather_met(tmp_path):
 
 
 def test_concat_tables_is_a_cat_into_one_buffer_aligned_for_huge_pages():
-    from search_spaces.batched_embedding_bag.torch_op import HUGE_PAGE, concat_tables
+    from search_spaces.batched_embedding_bag.torch_op import concat_tables
+    from search_spaces.embedding_bag.pages import HUGE_PAGE_BYTES as HUGE_PAGE
 
     tables = [torch.randn(rows, 16) for rows in (40000, 3, 100000)]  # 9 MB: above the huge-page threshold
     fused = concat_tables(tables)
