@@ -11,6 +11,7 @@ benchmarks/EMBEDDING_BAG.md has what it buys.
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 from typing import Any, Sequence
@@ -31,10 +32,7 @@ def empty(shape: Sequence[int], dtype: Any) -> Any:
     import torch
 
     shape = tuple(int(s) for s in shape)
-    probe = torch.empty(0, dtype=dtype)
-    nbytes = probe.element_size()
-    for s in shape:
-        nbytes *= s
+    nbytes = torch.empty(0, dtype=dtype).element_size() * math.prod(shape)
     if nbytes < MIN_TABLE_BYTES or not supported():
         return torch.empty(shape, dtype=dtype)
     region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

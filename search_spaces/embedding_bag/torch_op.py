@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from .._torch_checks import need
 from ..template import InvalidDtype, ModuleRule, Route, TorchBinding
 from .checks import OP, check, out_dtype
+from .pages import in_huge_pages
 from .rows import DTYPES, FUSED_BYTES, quantize, table_dtype
 from .workload import Workload, boundaries, inputs, pool_dequantized, row_indices, table
 
@@ -208,7 +209,9 @@ class EmbeddingBag(nn.EmbeddingBag):
 
     @classmethod
     def from_module(cls, module: nn.EmbeddingBag, validate: bool = True) -> "EmbeddingBag":
-        """A tuned twin of `module` that shares its weight Parameter (optimizers holding it keep working)."""
+        """A tuned twin of `module` that shares its weight Parameter (optimizers holding it keep working), as it
+        is: `module.weight.data = at.in_huge_pages(module.weight.data)` moves a large table into 2 MB pages
+        (pages.py), where its random rows gather faster."""
         new = cls(module.num_embeddings, module.embedding_dim, max_norm=module.max_norm, norm_type=module.norm_type,
                   scale_grad_by_freq=module.scale_grad_by_freq, mode=module.mode, sparse=module.sparse,
                   _weight=module.weight.detach(), include_last_offset=module.include_last_offset,
@@ -316,4 +319,5 @@ BINDING = TorchBinding(
     any_size=True, describe=describe, cases=cases, backward=_backward, setup_context=_setup_context,
     replayable=True,  # on the CPU `check` reads metadata only, and the kernels check every index and bag
     rules=(ModuleRule("nn.EmbeddingBag -> EmbeddingBag", _swap_embedding_bag),),
-    exports=(("EmbeddingBag", EmbeddingBag), ("QuantizedEmbeddingBag", QuantizedEmbeddingBag)))
+    exports=(("EmbeddingBag", EmbeddingBag), ("QuantizedEmbeddingBag", QuantizedEmbeddingBag),
+             ("in_huge_pages", in_huge_pages)))

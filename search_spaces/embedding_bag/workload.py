@@ -18,7 +18,6 @@ import numpy as np
 from ..template import IndexOutOfRange, InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
 from .fbgemm import tbe
 from . import pages
-from .pages import in_huge_pages
 from .rows import RowFormat, check_dtype, dequantize, quantize, table_dtype
 
 MODES = ("sum", "mean", "max")
@@ -289,7 +288,7 @@ def baselines(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_w
 def float32_table(weight: Any, dtype: str) -> Any:
     """The float32 values of a whole table, once for the batches that share it (the baselines' PyTorch fp32), in
     2 MB pages as the table itself."""
-    return weight if dtype == "float32" else in_huge_pages(dequantize(weight, dtype))
+    return weight if dtype == "float32" else pages.in_huge_pages(dequantize(weight, dtype))
 
 
 @functools.lru_cache(maxsize=1)

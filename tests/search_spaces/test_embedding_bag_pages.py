@@ -89,3 +89,15 @@ def test_the_bench_times_pytorch_on_the_same_pages_and_on_its_own_memory():
     ref = eb.reference(w, *tensors)
     for name in ("torch", "torch_own_memory"):
         torch.testing.assert_close(paths[name](), ref, msg=name)
+
+
+def test_a_users_parameter_moves_into_huge_pages_in_place():
+    bag = torch.nn.EmbeddingBag(*LARGE, mode="sum")
+    param, values = bag.weight, bag.weight.detach().clone()
+    bag.weight.data = at.in_huge_pages(bag.weight.data)
+    assert bag.weight is param and torch.equal(bag.weight, values)
+    if sys.platform.startswith("linux"):
+        assert bag.weight.data_ptr() % pages.HUGE_PAGE_BYTES == 0
+    out = at.EmbeddingBag.from_module(bag)(torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
+    torch.testing.assert_close(out, torch.nn.functional.embedding_bag(
+        torch.tensor([1, 2, 3]), values, torch.tensor([0, 2]), mode="sum"))
