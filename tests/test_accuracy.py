@@ -121,6 +121,41 @@ def test_layers_climb_the_precision_ladder_one_step_at_a_time(tmp_path):
     assert "reduced-precision layers: 1 int8, 2 fp32" in str(plain)
 
 
+def test_int8_layers_move_up_a_rung_where_the_finer_rung_runs_the_model_faster(tmp_path, monkeypatch):
+    """Both rungs hold the contract; where the model runs faster with the int8 layers in bf16 (bf16 GEMMs on AMX
+    tiles against int8 on VNNI), they move up, the report saying why; where it does not, they stay int8."""
+    from autotune.torch import speed
+
+    model, args = mlp(), batch()
+    int8 = noisy_rule({"0": 1e-4, "2": 1e-4, "4": 1e-4})
+    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5}, precision="bf16", priority=6)  # no bf16 rung for "4"
+
+    def whole_models(int8_s: float, bf16_s: float, wholes: list[Any]) -> Any:
+        def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
+            o, n = old(), new()
+            if isinstance(o, tuple):  # a match's subgraph: each replacement beats the fp32 code alone
+                return 2e-3, 1e-3
+            wholes.append((o, n))
+            return int8_s, bf16_s
+
+        return time_pair
+
+    check = at.SpeedCheck(rounds=1, seconds=0.001)
+    wholes: list[Any] = []
+    monkeypatch.setattr(speed, "time_pair", whole_models(10e-3, 6e-3, wholes))
+    _, report = tune(model, args, tmp_path, rules=[int8, bf16], tolerance=1e-2, require_speedup=True, speed=check)
+    assert precisions(report) == {"0": "bf16", "2": "bf16", "4": "fp32"}, str(report)
+    assert len(wholes) == 1 and report.accuracy.holds
+    why = {layer.where: layer.why for layer in report.accuracy.layers}
+    assert why["0"] == why["2"] == "in bf16: faster than int8 here"
+    assert "noisy's int8 layers one rung up: the model takes 6 ms with them, 10 ms in int8: moved up" in str(report)
+
+    monkeypatch.setattr(speed, "time_pair", whole_models(6e-3, 10e-3, []))
+    _, report = tune(model, args, tmp_path, rules=[int8, bf16], tolerance=1e-2, require_speedup=True, speed=check)
+    assert precisions(report) == {"0": "int8", "2": "int8", "4": "int8"}, str(report)
+    assert "the model takes 10 ms with them, 6 ms in int8: left in int8" in str(report)
+
+
 def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model(tmp_path):
     """The simulation calls every layer harmless; the real replacement of "2" is not: the rewritten model breaks
     the tolerance, so layers go fp32 in fallback order until it holds."""

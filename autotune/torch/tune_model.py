@@ -194,9 +194,13 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     with _Workers() as workers:
         opt, done, errors, floors = _hold(job, workers, checks, contract, share, costs,
                                           accuracy.plan(gm, checks, layers, contract, shares, costs))
+        held = dict(floors)
+        if job.check is not None and all(e.holds for e in errors):
+            opt, done, errors, floors = _finer_if_faster(job, workers, checks, contract, opt, done, errors, floors)
     report.replaced, report.kept = done.replaced, done.kept
     report.accuracy = _accuracy_report(contract, errors, layers, shares, floors, done,
-                                       {r.name for r in ruleset if r.quantizes})
+                                       {r.name for r in ruleset if r.quantizes},
+                                       {n for n in floors if floors[n] != held.get(n)})
     if not report.accuracy.holds:
         report.note = (f"the rewritten model breaks the tolerance ({contract}) even with every int8 layer in "
                        "fp32; the model comes back unchanged")
@@ -275,6 +279,38 @@ def _hold(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tol
         floors = {**floors, step.node: finer(step.precision)}
 
 
+def _finer_if_faster(job: _Job, workers: "_Workers", checks: Sequence[Batch], contract: Tolerance, opt: Any,
+                     done: Rewrite, errors: list[accuracy.BatchError], floors: dict[str, str]
+                     ) -> tuple[Any, Rewrite, list[accuracy.BatchError], dict[str, str]]:
+    """A finer rung that runs faster than int8 is the better choice outright (on CPUs whose bf16 GEMMs run on
+    AMX tiles, oneDNN's bf16 Linear beats a VNNI int8 kernel: benchmarks/WHOLE_MODEL.md). For each rule whose
+    layers run in int8, in rule order, the model is rewritten with those layers one rung up (bf16 where a rule
+    runs it) and timed against the model as it stands (`check.model_rounds` interleaved rounds over the timing
+    cycle); kept if faster by `check.margin` and within the contract. The report says what each took."""
+    assert job.check is not None
+    for rule in job.ruleset:
+        nodes = [layer.node for r in done.replaced if r.rule == rule.name for layer in r.reduced
+                 if layer.precision == PRECISIONS[0]]
+        if not nodes:
+            continue
+        up = {**floors, **{node: finer(PRECISIONS[0]) for node in nodes}}
+        verdicts = list(job.report.whole_model)  # the model as it stands; `_rewritten` starts the list afresh
+        alt, alt_done = _rewritten(job, workers, up)
+        alt_verdicts, alt_errors = list(job.report.whole_model), accuracy.check(alt, checks, contract)
+        with torch.inference_mode():
+            now_s, alt_s = _speed.time_pair(_cycled(opt, job.timing), _cycled(alt, job.timing),
+                                            job.check.for_models())
+        holds = all(e.holds for e in alt_errors)
+        faster = holds and alt_s <= now_s * (1.0 - job.check.margin)
+        line = (f"{rule.name}'s int8 layers one rung up: the model takes {ms(alt_s)} with them, {ms(now_s)} in "
+                f"int8: {'moved up' if faster else 'left in int8'}{'' if holds else ' (it breaks the tolerance)'}")
+        if faster:
+            opt, done, errors, floors = alt, alt_done, alt_errors, up
+            verdicts = alt_verdicts
+        job.report.whole_model[:] = [*verdicts, line]
+    return opt, done, errors, floors
+
+
 def _running(done: Rewrite) -> dict[str, Reduced]:
     """Each node a kept replacement runs in reduced precision -> its layer (and so its precision)."""
     return {layer.node: layer for r in done.replaced for layer in r.reduced}
@@ -312,9 +348,9 @@ def _new_tasks(report: TuneModelReport, matches: Sequence[GraphMatch], times: di
 
 def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], layers: Sequence[Reduced],
                      shares: dict[str, float], floors: dict[str, str], done: Rewrite,
-                     quantizing: set[str]) -> AccuracyReport:
-    """Each reduced-precision layer's final precision (and why it is finer than its rule's), and the measured
-    errors."""
+                     quantizing: set[str], for_speed: set[str] = frozenset()) -> AccuracyReport:
+    """Each reduced-precision layer's final precision (and why it is finer than its rule's: the contract, or
+    `for_speed`, the nodes moved up because the finer rung ran faster), and the measured errors."""
     running = _running(done)
     out = AccuracyReport(contract, errors)
     unique: dict[str, Reduced] = {}  # a table is a layer of a fusion's match and of its alternatives alike
@@ -323,7 +359,9 @@ def _accuracy_report(contract: Tolerance, errors: list[accuracy.BatchError], lay
     for layer in unique.values():
         run = running.get(layer.node)
         precision = run.precision if run is not None else "fp32"
-        if layer.node in floors and precision != layer.precision:
+        if layer.node in for_speed and precision != layer.precision:
+            why = f"in {precision}: faster than {layer.precision} here"
+        elif layer.node in floors and precision != layer.precision:
             why = f"{'kept ' * (precision == 'fp32')}in {precision} to hold the tolerance"
         elif precision == "fp32":
             why = _why_kept(layer, done.kept, quantizing)
