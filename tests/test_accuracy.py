@@ -44,11 +44,13 @@ def _offset(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, 
 
 
 def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = None, precision: str = "int8",
-               priority: int = 5) -> GraphRule:
-    """A quantizing rule of `precision`: each Linear at a module path in `errors` becomes linear + that error;
-    its simulation adds `simulated`'s error instead where given (a simulation that misjudges the layer)."""
+               priority: int = 5, name: str = "") -> GraphRule:
+    """A quantizing rule of `precision` (named `name`, else after it): each Linear at a module path in `errors`
+    becomes linear + that error; its simulation adds `simulated`'s error instead where given (a simulation that
+    misjudges the layer)."""
     simulated = errors if simulated is None else simulated
-    name, tag = ("noisy", "noisy") if precision == "int8" else (f"noisy_{precision}", f"noisy {precision}")
+    name, tag = (name or "noisy", "noisy") if precision == "int8" else (name or f"noisy_{precision}",
+                                                                         f"noisy {precision}")
 
     def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Any:
         for n in list(gm.graph.nodes):
@@ -154,6 +156,19 @@ def test_int8_layers_move_up_a_rung_where_the_finer_rung_runs_the_model_faster(t
     _, report = tune(model, args, tmp_path, rules=[int8, bf16], tolerance=1e-2, require_speedup=True, speed=check)
     assert precisions(report) == {"0": "int8", "2": "int8", "4": "int8"}, str(report)
     assert "the model takes 10 ms with them, 6 ms in int8: left in int8" in str(report)
+
+    # two int8 rules, judged one after the other: the first's layers stay, the second's move up (its rewrite's
+    # own verdicts replace the first model's, not the first rule's line)
+    first, second = noisy_rule({"0": 1e-4}, name="noisy_a"), noisy_rule({"2": 1e-4}, name="noisy_b")
+    answers = iter([(6e-3, 9e-3), (10e-3, 6e-3)])
+    monkeypatch.setattr(speed, "time_pair", lambda old, new, c: (2e-3, 1e-3) if isinstance(old(), tuple)
+                        else next(answers))
+    _, report = tune(model, args, tmp_path, rules=[first, second, bf16], tolerance=1e-2, require_speedup=True,
+                     speed=check)
+    assert precisions(report) == {"0": "int8", "2": "bf16"}, str(report)
+    assert "noisy_a's int8 layers one rung up: the model takes 9 ms with them, 6 ms in int8: left in int8" in \
+        str(report)
+    assert "noisy_b's int8 layers one rung up: the model takes 6 ms with them, 10 ms in int8: moved up" in str(report)
 
 
 def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model(tmp_path):

@@ -16,7 +16,8 @@ interaction as one kernel) is kept only where the whole model runs faster with i
 replacements there (their tasks are tuned too); the rewritten model is held to the accuracy contract
 (`tolerance`, on the example and held-out batches: `accuracy.py`), layers that break it moving up the precision
 ladder (int8, bf16 where a rule runs it, fp32) one at a time: the cheapest whose share of the error covers the
-excess, else the largest share;
+excess, else the largest share; then, with speed checks, each rule's int8 layers one rung up where the whole
+model runs faster so;
 eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
 ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
@@ -155,7 +156,8 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
     the example, see `accuracy.draw_like`); int8 layers that break it move to a finer precision one at a time
     (the cheapest whose share of the error covers the excess, else the largest share:
-    `accuracy.next_to_fall_back`), and a model that breaks it with none left comes back unchanged.
+    `accuracy.next_to_fall_back`), and a model that breaks it with none left comes back unchanged; with speed
+    checks, a rule's int8 layers also move one rung up where the whole model runs faster so (`_finer_if_faster`).
     `timing_batches`: every timing (speed checks, eager against optimized) cycles through this many batches,
     the example, the check batches, then fresh ones drawn like the example; 1 times the example batch alone (its
     rows stay in cache, which flatters gathers).
@@ -288,13 +290,13 @@ def _finer_if_faster(job: _Job, workers: "_Workers", checks: Sequence[Batch], co
     runs it) and timed against the model as it stands (`check.model_rounds` interleaved rounds over the timing
     cycle); kept if faster by `check.margin` and within the contract. The report says what each took."""
     assert job.check is not None
+    verdicts, lines = list(job.report.whole_model), []  # the model's own checks (`_rewritten` starts afresh), ours
     for rule in job.ruleset:
         nodes = [layer.node for r in done.replaced if r.rule == rule.name for layer in r.reduced
                  if layer.precision == PRECISIONS[0]]
         if not nodes:
             continue
         up = {**floors, **{node: finer(PRECISIONS[0]) for node in nodes}}
-        verdicts = list(job.report.whole_model)  # the model as it stands; `_rewritten` starts the list afresh
         alt, alt_done = _rewritten(job, workers, up)
         alt_verdicts, alt_errors = list(job.report.whole_model), accuracy.check(alt, checks, contract)
         with torch.inference_mode():
@@ -307,7 +309,8 @@ def _finer_if_faster(job: _Job, workers: "_Workers", checks: Sequence[Batch], co
         if faster:
             opt, done, errors, floors = alt, alt_done, alt_errors, up
             verdicts = alt_verdicts
-        job.report.whole_model[:] = [*verdicts, line]
+        lines.append(line)
+        job.report.whole_model[:] = [*verdicts, *lines]
     return opt, done, errors, floors
 
 
