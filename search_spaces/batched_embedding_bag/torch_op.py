@@ -381,7 +381,7 @@ class BatchedEmbeddingBag(nn.Module):
         """An inference copy of `module` with its tables converted once to `dtype` rows (float16, bfloat16, int8)."""
         need(dtype in ("float16", "bfloat16", "int8"), OP, f"dtype must be float16, bfloat16 or int8, got {dtype!r}")
         return cls(module.rows, module.dim, module.mode, module.include_last_offset, module.validate,
-                   _weight=quantize(module.weight, dtype))
+                   _weight=pages.in_huge_pages(quantize(module.weight, dtype)))
 
     @classmethod
     def from_modules(cls, bags: Sequence[nn.EmbeddingBag], validate: bool = True) -> "BatchedEmbeddingBag":

@@ -46,12 +46,18 @@ def empty(shape: Sequence[int], dtype: Any) -> Any:
 
 
 def in_huge_pages(t: Any) -> Any:
-    """A contiguous copy of CPU tensor `t` in `empty`'s memory; `t` itself where it is not on the CPU or is
-    smaller than MIN_TABLE_BYTES. A plain tensor: `copy_`, autograd and `load_state_dict` work on it."""
+    """A contiguous copy of CPU tensor `t`'s values in `empty`'s memory (detached: for `param.data = ...`); `t`
+    itself where it is not on the CPU or is smaller than MIN_TABLE_BYTES. A plain tensor: `copy_`, autograd and
+    `load_state_dict` work on it."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"in_huge_pages takes a tensor, got {type(t).__name__}")
     if t.device.type != "cpu" or t.numel() * t.element_size() < MIN_TABLE_BYTES or not supported():
         return t
     out = empty(t.shape, t.dtype)
-    out.copy_(t)
+    with torch.no_grad():
+        out.copy_(t)
     return out
 
 

@@ -16,8 +16,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .pages import in_huge_pages
-
 DTYPES = ("float32", "float16", "bfloat16", "int8")
 FUSED_BYTES = 8  # an int8 row's float32 scale and bias, after its values
 LINE_BYTES = 64  # a cache line: the CPU kernels' prefetch step
@@ -127,13 +125,14 @@ def _torch_dtypes() -> dict[Any, str]:
 
 
 def quantize(weight: Any, dtype: str) -> Any:
-    """A copy of a float32 (rows, dim) table in `dtype`'s storage, in 2 MB pages where it is large (pages.py): a
-    cast, or FBGEMM's fused int8 rows (PyTorch's `quantized::embedding_bag_byte_prepack`, which is FBGEMM's)."""
+    """A float32 (rows, dim) table in `dtype`'s storage: a cast, or FBGEMM's fused int8 rows (PyTorch's
+    `quantized::embedding_bag_byte_prepack`, which is FBGEMM's). Where the result is a kernel's table, its
+    holder puts it in 2 MB pages (pages.py); the accuracy simulations that convert and read back do not."""
     import torch
 
     if dtype == "int8":
-        return in_huge_pages(torch.ops.quantized.embedding_bag_byte_prepack(weight.detach().float().contiguous()))
-    return in_huge_pages(weight.detach().to(torch_storage(dtype)).contiguous())
+        return torch.ops.quantized.embedding_bag_byte_prepack(weight.detach().float().contiguous())
+    return weight.detach().to(torch_storage(dtype)).contiguous()
 
 
 def dequantize(table: Any, dtype: str) -> Any:

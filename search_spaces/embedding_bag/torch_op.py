@@ -283,7 +283,8 @@ class QuantizedEmbeddingBag(nn.Module):
         need(isinstance(module, nn.EmbeddingBag), OP, f"expected an nn.EmbeddingBag, got {type(module).__name__}")
         need(module.max_norm is None, OP, "max_norm renormalises rows as they are read: it has no quantized form")
         need(dtype in DTYPES and dtype != "float32", OP, f"dtype must be float16, bfloat16 or int8, got {dtype!r}")
-        return cls(quantize(module.weight, dtype), module.mode, module.include_last_offset, module.padding_idx)
+        return cls(in_huge_pages(quantize(module.weight, dtype)), module.mode, module.include_last_offset,
+                   module.padding_idx)
 
     @property
     def dtype(self) -> str:

@@ -170,10 +170,10 @@ def boundaries(counts: Any) -> np.ndarray:
 
 def table(rows: int, dim: int, dtype: str, seed: int) -> Any:
     """A random (rows, dim) table of standard normal values in `dtype`'s storage (rows.py), in 2 MB pages as the
-    modules keep theirs (`quantize`)."""
+    modules keep theirs (pages.py)."""
     import torch
 
-    return quantize(torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)), dtype)
+    return pages.in_huge_pages(quantize(torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)), dtype))
 
 
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:

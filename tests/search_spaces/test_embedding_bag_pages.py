@@ -59,9 +59,13 @@ def test_small_tables_and_other_tensors_are_served_as_they_are():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 def test_tables_converted_for_the_kernels_are_in_huge_page_memory(dtype):
     rows = pages.MIN_TABLE_BYTES // 64 + 1  # above the threshold in every dtype's rows (int8 ones: 72 bytes)
-    weight = torch.randn(rows, 64)
-    converted = quantize(weight, dtype)
+    bag = torch.nn.EmbeddingBag(rows, 64, mode="sum")
+    weight = bag.weight.detach()
+    # what the modules hold: a reduced-precision conversion, or the fp32 tables concatenated
+    converted = (at.BatchedEmbeddingBag.from_modules([bag]) if dtype == "float32"
+                 else at.EmbeddingBag.quantized(bag, dtype)).weight.detach()
     assert torch.allclose(dequantize(converted, dtype), weight, atol=0.05, rtol=0.01)
+    assert torch.equal(converted, quantize(weight, dtype))  # the conversion itself, wherever it lives
     if sys.platform.startswith("linux"):
         assert converted.data_ptr() % pages.HUGE_PAGE_BYTES == 0
         assert table(rows, 64, dtype, seed=0).data_ptr() % pages.HUGE_PAGE_BYTES == 0  # what the tuner times
@@ -89,6 +93,14 @@ def test_the_bench_times_pytorch_on_the_same_pages_and_on_its_own_memory():
     ref = eb.reference(w, *tensors)
     for name in ("torch", "torch_own_memory"):
         torch.testing.assert_close(paths[name](), ref, msg=name)
+
+
+def test_only_tensors_are_moved():
+    with pytest.raises(TypeError, match="in_huge_pages takes a tensor, got list"):
+        at.in_huge_pages([1.0, 2.0])
+    param = torch.nn.Parameter(torch.randn(*LARGE))
+    moved = at.in_huge_pages(param)  # the values, not an autograd node of the Parameter
+    assert not moved.requires_grad and moved.grad_fn is None and torch.equal(moved, param.detach())
 
 
 def test_a_users_parameter_moves_into_huge_pages_in_place():
