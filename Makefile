@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
 # `make tune`: the whole DLRM (examples/dlrm.py) tuned on this CPU and timed against PyTorch's own ways to run
-# it, one table per pooling; TRIALS per task keeps a first run on 2 cores to 13-17 minutes (a second run
+# it, one table per pooling; TRIALS per task keeps a first run on 2 cores to 13-19 minutes (a second run
 # resumes from MODEL_LOG and tunes nothing already tuned).
 TRIALS  ?= 8
 POOLING ?= 1 8
