@@ -70,11 +70,30 @@ def load_runtime(lib_dir: str | None = None, cuda: bool = False) -> None:
         _LOADED.add(path)
 
 
+@functools.lru_cache(maxsize=None)
+def amx_allowed() -> bool:
+    """Ask Linux, once per process, to let its threads use AMX tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)`): without it a kernel's first tile instruction faults. False where the CPU or the
+    kernel has no AMX (the request fails) or this is not x86-64 Linux."""
+    import platform
+    import sys
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    except (OSError, AttributeError):
+        return False
+
+
 def load_function(path: str, name: str = "main") -> Any:
     """The kernel entry of an exported library (a callable taking torch tensors through DLPack); its parallel
-    loops run on PyTorch's OpenMP pool where one is loaded (`share_openmp_pool`)."""
+    loops run on PyTorch's OpenMP pool where one is loaded (`share_openmp_pool`). The process may use AMX
+    tiles from here on where the CPU has them (`amx_allowed`): a kernel tuned on such a CPU may."""
     import tvm_ffi
 
+    amx_allowed()
     func = tvm_ffi.load_module(path)[name]
     share_openmp_pool(path)
     return func

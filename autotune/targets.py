@@ -96,6 +96,36 @@ def host_cpu() -> str:
     return str(mcpu)
 
 
+# Features a CPU may have beyond what LLVM's model of its name implies: a VM can show one CPU's model number and
+# another's instruction sets (LLVM names such a Xeon with AMX "rocketlake", which has none). Linux flag -> LLVM.
+_EXTRA_FEATURES = {"amx_tile": "+amx-tile", "amx_int8": "+amx-int8", "amx_bf16": "+amx-bf16"}
+
+
+@functools.lru_cache(maxsize=None)
+def host_extra_features(mcpu: str) -> tuple[str, ...]:
+    """The LLVM `mattr` entries of features this machine's CPU has and LLVM's `mcpu` model lacks (AMX, which
+    also needs Linux's permission: `runtime.amx_allowed`), so kernels tuned here may use them."""
+    from tvm.target import codegen
+
+    from . import runtime
+
+    flags = cpu_flags()
+    if not ({"amx_tile", "amx_int8"} <= flags and runtime.amx_allowed()):
+        return ()
+    model = target_from_json({"kind": "llvm", "mcpu": mcpu})
+    return tuple(attr for flag, attr in _EXTRA_FEATURES.items()
+                 if flag in flags and not codegen.llvm_cpu_has_features([attr[1:]], model))
+
+
+def cpu_flags() -> set[str]:
+    """This machine's CPU flags as Linux names them (/proc/cpuinfo); empty where there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").partition(":")[2].split())
+    except OSError:
+        return set()
+
+
 def _llvm_knows_cpu(mcpu: str) -> bool:
     from tvm.target import codegen
 
@@ -139,7 +169,9 @@ def resolve(name: str) -> Device:
         if arch and not _llvm_knows_cpu(arch):  # LLVM would silently compile for "generic" instead
             raise UnknownDevice(f"LLVM does not know the CPU {arch!r}; e.g. cpu:{host_cpu()} (this machine)")
         cores = int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1)
-        return Device(name=f"cpu:{mcpu}", target_json=(("kind", "llvm"), ("mcpu", mcpu), ("num-cores", cores)),
+        extra = host_extra_features(mcpu) if mcpu == host_cpu() else ()
+        mattr = (("mattr", extra),) if extra else ()
+        return Device(name=f"cpu:{mcpu}", target_json=(("kind", "llvm"), ("mcpu", mcpu), *mattr, ("num-cores", cores)),
                       cores=cores)
     if kind == "cuda":
         if not arch:

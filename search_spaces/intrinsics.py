@@ -10,6 +10,10 @@ x86, registered on first use:
   <64 x i8>, and fails LLVM's verifier; ours is the same description with LLVM 22's signature. (Importing
   TVM's module would also cost `import tvm.s_tir.tensor_intrin`, which parses every backend's intrinsics.)
 - AVX2 without VNNI (s8 x s8 -> s32 exactly, 8 lanes x 2 k, sign extension + `pmaddwd`).
+- AMX (Intel's tile unit: `tdpbssd`/`tdpbusd` multiply a 16 x 64-byte tile of activations by a 16 x 64-byte
+  tile of weights into a 16 x 16 int32 tile, 16,384 products per instruction). TVM 0.27 ships none; ours
+  (`amx_block`) is a whole register block over the whole reduction, registered per shape, since the
+  accumulator tiles must stay in the tile registers from the first k to the last.
 
 CUDA (the descriptions and implementations of TVM's `dp4a_s8s8s32` and `mma_*_i8*` intrinsics):
 - dp4a: s8 x s8 -> s32, 4 k per instruction (`__dp4a`), operands in shared memory, accumulator in registers.
@@ -39,6 +43,9 @@ LDMATRIX_B_S8 = "autotune_mma_ldmatrix_s8_b_trans"  # 16x32 B tile stored (n, k)
 MMA_S8 = "autotune_mma_s8s8s32_trans_b"  # 16x16x32 s8 x s8 -> s32 on tensor cores (sm_80+)
 
 _loaded: set[str] = set()
+
+AMX_TILES = 8  # tile registers: accumulators (m_tiles x n_tiles) + m_tiles activation + n_tiles weight tiles
+AMX_ROWS, AMX_K = 16, 64  # a tile's rows, and the int8 k one activation tile row holds (64 bytes)
 
 
 def _broadcast_dot_desc(lanes: int, k: int, a_dtype: str) -> Any:
@@ -306,6 +313,107 @@ def _register_mma_fill(name: str, lane_values: int) -> None:
             T.writes(C[0:32, 0, 0, 0:8])
             for tx in T.thread_binding(0, 32, "threadIdx.x"):
                 T.evaluate(T.cuda.mma_fill_legacy(lane_values, C.data, 0, dtype="int32"))
+
+    TensorIntrin.register(name, desc, impl, override=True)
+
+
+def amx_fits(m_tiles: int, n_tiles: int) -> bool:
+    """Whether a register block of m_tiles x n_tiles accumulator tiles, with the m_tiles activation and n_tiles
+    weight tiles its products read, fits in the 8 tile registers."""
+    return m_tiles * n_tiles + m_tiles + n_tiles <= AMX_TILES
+
+
+def amx_block(m_tiles: int, n_tiles: int, k: int, a_dtype: str, task: tuple[int, int]) -> str:
+    """The AMX intrinsic computing one register block C[16 m_tiles, 16 n_tiles] = sum over all `k` of
+    A[., k] * W[., k], registered on first use; returns its name for `sch.tensorize`.
+
+    A is (rows, k) int8 (`tdpbssd`) or uint8 (`tdpbusd`, no offset needed) with row stride k; W is packed
+    (n/16, k/4, 16, 4), the layout VNNI uses, which is what a weight tile of 16 k-quads x 16 columns reads
+    row by row (64 bytes); k is a multiple of 64. The accumulators start at zero (`tilezero`), stay in tile
+    registers across k and are stored once.
+
+    The tile configuration (palette 1: all tiles 16 rows x 64 bytes) must be loaded on each thread before its
+    first tile instruction, and `ldtilecfg` per block costs about a third of a block's time. A tensorized block
+    sees no loop variables, only where its operands start: `task` (rows, columns of a parallel task) says which
+    blocks are a task's first (its A row and W column both at a task boundary), and only those load it.
+    A task's blocks run on one thread, first block first."""
+    if m_tiles < 1 or n_tiles < 1 or not amx_fits(m_tiles, n_tiles):
+        raise ValueError(f"an AMX block of {m_tiles} x {n_tiles} accumulator tiles does not fit 8 tile registers")
+    if k % AMX_K or a_dtype not in ("int8", "uint8") or task[0] % (AMX_ROWS * m_tiles) or task[1] % (16 * n_tiles):
+        raise ValueError(f"AMX block: k={k} must be a multiple of {AMX_K}, A int8 or uint8 ({a_dtype}), and the task "
+                         f"{task} whole blocks")
+    name = f"autotune_amx_{a_dtype}_{m_tiles}x{n_tiles}_k{k}_task{task[0]}x{task[1]}"
+    if name not in _loaded:
+        _register_amx(name, m_tiles, n_tiles, k, a_dtype, task)
+        _loaded.add(name)
+    return name
+
+
+def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tuple[int, int]) -> None:
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    rows, cols, nc = AMX_ROWS * mt, 16 * nt, mt * nt  # tiles: accumulators 0..nc-1, then A, then W
+    task_rows, task_quads = task[0], task[1] // 16
+    w_stride = kp * 16  # elements between W's 16-column blocks
+    product = "llvm.x86.tdpbusd" if a_dtype == "uint8" else "llvm.x86.tdpbssd"
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (rows, kp), a_dtype, offset_factor=1)
+        B = T.match_buffer(b, (nt, kp // 4, 16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (rows, cols), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
+            T.writes(C[0:rows, 0:cols])
+            for i, j, k in T.grid(rows, cols, kp):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    T.reads(C[vi, vj], A[vi, vk], B[vj // 16, vk // 4, vj % 16, vk % 4])
+                    T.writes(C[vi, vj])
+                    with T.init():
+                        C[vi, vj] = 0
+                    C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
+                        B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        a_at = T.int32()
+        b_at = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (rows, kp), a_dtype, elem_offset=a_at, strides=[kp, 1])
+        B = T.match_buffer(b, (nt, kp // 4, 16, 4), "int8", elem_offset=b_at, strides=[w_stride, 64, 4, 1])
+        C = T.match_buffer(c, (rows, cols), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
+            T.writes(C[0:rows, 0:cols])
+            config = T.alloc_buffer((64,), "uint8", scope="local")
+            if (a_at // kp) % task_rows == 0 and (b_at // w_stride) % task_quads == 0:
+                for byte in range(64):
+                    config[byte] = T.uint8(0)
+                config[0] = T.uint8(1)  # palette 1
+                for t in range(AMX_TILES):
+                    config[16 + 2 * t] = T.uint8(64)  # bytes per row (little-endian u16)
+                    config[48 + t] = T.uint8(AMX_ROWS)  # rows
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
+            for ti in T.unroll(mt):
+                for tj in T.unroll(nt):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(ti * nt + tj)))
+            for kb in range(kp // AMX_K):
+                for ti in T.unroll(mt):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(nc + ti),
+                                                  T.address_of(A[ti * 16, kb * AMX_K]), T.int64(kp)))
+                for tj in T.unroll(nt):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(nc + mt + tj),
+                                                  T.address_of(B[tj, kb * 16, 0, 0]), T.int64(64)))
+                for ti in T.unroll(mt):
+                    for tj in T.unroll(nt):
+                        T.evaluate(T.call_llvm_intrin("void", product, T.int8(ti * nt + tj), T.int8(nc + ti),
+                                                      T.int8(nc + mt + tj)))
+            for ti in T.unroll(mt):
+                for tj in T.unroll(nt):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(ti * nt + tj),
+                                                  T.address_of(C[ti * 16, tj * 16]), T.int64(sc * 4)))
 
     TensorIntrin.register(name, desc, impl, override=True)
 

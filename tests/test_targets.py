@@ -1,14 +1,34 @@
 import pytest
 
+from autotune import runtime, targets
 from autotune.targets import UnknownDevice, host_cpu, resolve
 
 
 def test_cpu_names_the_detected_host_cpu_never_native():
     dev = resolve("cpu")
     assert dev.name == f"cpu:{host_cpu()}"
-    assert dev.to_json() == {"kind": "llvm", "mcpu": host_cpu(), "num-cores": dev.cores}
+    extra = targets.host_extra_features(host_cpu())
+    assert dev.to_json() == {"kind": "llvm", "mcpu": host_cpu(), **({"mattr": extra} if extra else {}),
+                             "num-cores": dev.cores}
     assert host_cpu() not in ("native", "generic")
     assert str(dev.target().attrs["mcpu"]) == host_cpu()
+
+
+def test_the_host_gets_the_features_its_llvm_cpu_model_lacks(monkeypatch):
+    """A VM showing one CPU's model number and another's instruction sets: AMX where LLVM's model of the name
+    has none (and Linux grants it), nothing where the model has it already or the machine lacks it."""
+    monkeypatch.setattr(targets, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_int8"})
+    monkeypatch.setattr(runtime, "amx_allowed", lambda: True)
+    targets.host_extra_features.cache_clear()
+    try:
+        assert targets.host_extra_features("rocketlake") == ("+amx-tile", "+amx-int8")
+        assert targets.host_extra_features("sapphirerapids") == ()
+        monkeypatch.setattr(runtime, "amx_allowed", lambda: False)  # Linux refuses the tile data
+        targets.host_extra_features.cache_clear()
+        assert targets.host_extra_features("rocketlake") == ()
+    finally:
+        targets.host_extra_features.cache_clear()
+    assert "mattr" not in resolve("cpu:znver4").to_json() or host_cpu() == "znver4"
 
 
 def test_named_cpu_and_unknown_devices():

@@ -4,7 +4,8 @@ The weight is packed once into a tiled layout chosen by the config (`pack`), so 
 weight contiguously and, with an int8 intrinsic, in exactly the shape the instruction consumes. The VNNI path
 multiplies unsigned activations (A + 128) by signed weights, the AVX2 u8 path 7-bit activations (A + 64); the
 exact result is restored by subtracting offset * sum_k W[n, k], a per-channel term computed at packing time,
-as FBGEMM does.
+as FBGEMM does. The AMX path multiplies whole 16-row tiles (int8 x int8 or uint8 x int8 as they are: no offset)
+over the whole reduction, a block of accumulator tiles per register tile (`intrinsics.amx_block`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from . import compute as _compute
 from .workload import Workload, padded_weight, round_up
 
 # ---- knobs ----------------------------------------------------------------------------------------------
-INTRINSIC = Choice("intrinsic", ("none", "avx2", "avx2_u7", "vnni"), doc=(
+INTRINSIC = Choice("intrinsic", ("none", "avx2", "avx2_u7", "vnni", "amx"), doc=(
     "The int8 inner product: LLVM's own vectorisation (widens to int32 and multiplies: slow), AVX2 "
     "sign-extension + pmaddwd (exact, 8 lanes x 2), AVX2 pmaddubsw + pmaddwd on A + 64 (8 lanes x 4, twice "
-    "the products per instruction; exact for 7-bit activations only, so offered for a_bits=7), or AVX-512 "
-    "VNNI vpdpbusd (16 lanes x 4). Only the ones the target CPU has are offered."))
+    "the products per instruction; exact for 7-bit activations only, so offered for a_bits=7), AVX-512 "
+    "VNNI vpdpbusd (16 lanes x 4), or AMX tdpbssd/tdpbusd (16 x 16 lanes x 64: 256 times VNNI's products per "
+    "instruction; then m_tile and n_vectors count 16 x 16 tiles). Only the ones the target CPU has are offered."))
 LAYOUT = Choice("layout", ("n16k4", "n8k2", "n16k1", "n8k1", "n8k4"), doc=(
     "Packed weight layout (N/nb, K/kb, nb, kb): nb output channels side by side for vector lanes, kb "
     "consecutive k per lane for multi-k dot instructions. Fixed by the intrinsic when one is used."))
@@ -41,7 +43,7 @@ UNROLL = Choice("unroll", (True, False), doc="Unroll the register tile so accumu
 THREADING = Choice("threading", ("parallel", "serial"), doc="Spread (m_block x n_block) tasks over cores.")
 
 _LAYOUT_SHAPE = {"n16k4": (16, 4), "n8k2": (8, 2), "n16k1": (16, 1), "n8k1": (8, 1), "n8k4": (8, 4)}
-_INTRIN_LAYOUT = {"vnni": "n16k4", "avx2": "n8k2", "avx2_u7": "n8k4"}
+_INTRIN_LAYOUT = {"vnni": "n16k4", "avx2": "n8k2", "avx2_u7": "n8k4", "amx": "n16k4"}
 # u8 x s8 instructions take A + offset: 128 maps int8 onto u8; 64 maps 7-bit activations below 128 (avx2_u7)
 _UNSIGNED_OFFSET = {"vnni": 128, "avx2_u7": 64}
 _INTRIN_NAME = {"vnni": intrinsics.VNNI_16x4, "avx2": intrinsics.AVX2_8x2, "avx2_u7": intrinsics.AVX2_8x4_U7}
@@ -58,17 +60,24 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
     # uint8 activations: VNNI's u8 x s8 as they are; AVX2's paths sign-extend A or saturate on 8 unsigned bits
     if w.mode in ("int8", "uint8") and intrinsics.cpu_has(target, "avx512vnni", "avx512bw"):
         intrins.append("vnni")
+    if w.mode in ("int8", "uint8") and intrinsics.cpu_has(target, "amx-int8", "amx-tile"):
+        intrins.append("amx")
 
     def layout_ok(c: Config) -> bool:
         if c[INTRINSIC] in _INTRIN_LAYOUT:
             return c[LAYOUT] == _INTRIN_LAYOUT[c[INTRINSIC]]
         return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
 
+    def amx_ok(c: Config) -> bool:  # a block of whole tiles over the whole k: no k blocks, nothing to unroll
+        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[M_TILE] <= 2
+                                         and c[K_BLOCK] == 0 and c[UNROLL])
+
     layouts = LAYOUT.options if w.mode != "weight_only" else ("n16k1", "n8k1")
     blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
     return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, *blocks, UNROLL,
                   THREADING],
                  [Constraint("the intrinsic fixes the layout", layout_ok),
+                  Constraint("an AMX block fits the 8 tile registers and spans k", amx_ok),
                   Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
                   Constraint("weight-only has no int8 intrinsic",
                              lambda c: w.mode != "weight_only" or c[INTRINSIC] == "none")],
@@ -76,12 +85,19 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
 
 
 def padded(w: Workload, cfg: Config) -> tuple[int, int, int]:
-    """(M, K, N) rounded up to whole register tiles (m_tile rows, n_vectors x nb columns) and kb groups.
+    """(M, K, N) rounded up to whole register tiles (`tile_rows` rows, n_vectors x nb columns) and kb groups
+    (AMX: whole 64-byte tile rows of k).
 
     Whole tiles keep predicates out of the tensorized blocks (TVM cannot tensorize a guarded block); the
     padding holds zeros and its results are dropped."""
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
-    return round_up(w.m, cfg[M_TILE]), round_up(w.k, kb), round_up(w.n, nb * cfg[N_VECTORS])
+    kb = intrinsics.AMX_K if cfg[INTRINSIC] == "amx" else kb
+    return round_up(w.m, tile_rows(cfg)), round_up(w.k, kb), round_up(w.n, nb * cfg[N_VECTORS])
+
+
+def tile_rows(cfg: Config) -> int:
+    """Rows of a register tile: m_tile, or m_tile 16-row tiles with AMX."""
+    return cfg[M_TILE] * (intrinsics.AMX_ROWS if cfg[INTRINSIC] == "amx" else 1)
 
 
 def _block(extent: int, want: int, tile: int) -> int:
@@ -134,7 +150,7 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     tiles; with `out_qmax`, tasks of whole rows that quantize the rows they computed (`_quantize_rows`)."""
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
     mp, kp, np_ = padded(w, cfg)
-    mt, nv = cfg[M_TILE], cfg[N_VECTORS]
+    mt, nv = tile_rows(cfg), cfg[N_VECTORS]
     y, c = sch.get_sblock("Y"), sch.get_sblock("C")
     i, j = sch.get_loops(y)
     mb = _block(mp, cfg[M_BLOCK], mt)
@@ -154,6 +170,13 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
         sch.parallel(au_i)
         sch.vectorize(sch.split(au_j, [None, 64])[1] if kp % 64 == 0 else au_j)
     ci, cj, ck = sch.get_loops(c)[-3:]
+    if cfg[INTRINSIC] == "amx":  # the whole register block over the whole k is one intrinsic
+        a_dtype = "uint8" if w.mode == "uint8" else "int8"
+        sch.tensorize(ci, intrinsics.amx_block(cfg[M_TILE], nv, kp, a_dtype, (mb, nblk)))
+        sch.vectorize(jii)
+        if out_qmax:
+            _quantize_rows(sch, outer)
+        return
     cjo, cji = sch.split(cj, [nv, nb])
     cko, cki = sch.split(ck, [None, kb])
     kblk = cfg[K_BLOCK]

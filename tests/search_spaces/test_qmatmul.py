@@ -51,10 +51,11 @@ def test_matches_reference_for_default_and_random_configs(shape):
 
 
 # /proc/cpuinfo's flags each intrinsic needs (the space asks LLVM: avx2, avx512vnni + avx512bw)
-CPU_FLAGS_OF = {"none": set(), "avx2": {"avx2"}, "avx2_u7": {"avx2"}, "vnni": {"avx512_vnni", "avx512bw"}}
+CPU_FLAGS_OF = {"none": set(), "avx2": {"avx2"}, "avx2_u7": {"avx2"}, "vnni": {"avx512_vnni", "avx512bw"},
+                "amx": {"amx_tile", "amx_int8"}}
 
 
-@pytest.mark.parametrize("intrinsic", ["none", "avx2", "vnni"])
+@pytest.mark.parametrize("intrinsic", ["none", "avx2", "vnni", "amx"])
 def test_int32_accumulation_is_exact_for_every_available_intrinsic(intrinsic):
     if not CPU_FLAGS_OF[intrinsic] <= cpu_flags():  # the CPU's flags decide, not the space under test
         pytest.skip(f"this CPU has no {intrinsic} path")
@@ -95,6 +96,41 @@ def test_a_bits_is_validated():
         qm.Workload(m=4, k=8, n=8, a_bits=6)
     with pytest.raises(WorkloadError, match="int8"):
         qm.Workload(m=4, k=8, n=8, mode="weight_only", a_bits=7)
+
+
+@pytest.mark.parametrize("mode", ["int8", "uint8"])
+def test_amx_blocks_load_the_tile_configuration_in_every_task(mode):
+    """AMX kernels of many parallel tasks (several per thread, and one serial loop of them), tiles of 1 or 2 x
+    1 or 2, K and N not whole tiles: a task whose first block did not load the tile configuration, or a block
+    reading another's tiles, would fault or differ from the exact sum."""
+    if not CPU_FLAGS_OF["amx"] <= cpu_flags():
+        pytest.skip("this CPU has no AMX")
+    task = make_task("qmatmul", "cpu", shape=f"m=150,k=200,n=90,bias=0,mode={mode},relu={int(mode == 'uint8')}")
+    w = task.workload
+    a, weight, _, _ = qm.inputs(w, seed=4)
+    low, high = (0, 255) if mode == "uint8" else (-128, 127)
+    a[0, :], a[1, :] = low, high  # the range's ends against -128 and 127 weights
+    weight[0, :], weight[1, :] = -128, 127
+    ones_m, ones_n = torch.ones(w.m), torch.ones(w.n)
+    exact = accumulate(a, weight).to(torch.int64)
+    exact = exact.clamp_min(0) if w.relu else exact
+    amx = [c for c in task.space if c.as_dict()["intrinsic"] == "amx"]
+    small_tasks = {(d["m_tile"], d["n_vectors"]): c for c in amx for d in [c.as_dict()]
+                   if d["m_block"] == 16 and d["n_block"] == 32 and d["threading"] == "parallel"}
+    assert set(small_tasks) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    picks = [*small_tasks.values(), next(c for c in amx if c.as_dict()["threading"] == "serial")]
+    for cfg in picks:
+        out = run(task, cfg, (a, weight, ones_m, ones_n))
+        assert torch.equal(out.to(torch.int64), exact.to(torch.int64)), str(cfg)
+
+
+def test_amx_is_offered_only_where_the_cpu_has_it():
+    def intrinsics(device):
+        return {c.as_dict()["intrinsic"] for c in make_task("qmatmul", device, shape="m=8,k=64,n=16").space}
+
+    assert "amx" in intrinsics("cpu:sapphirerapids") and "amx" not in intrinsics("cpu:znver4")
+    assert "amx" not in {c.as_dict()["intrinsic"] for c in
+                         make_task("qmatmul", "cpu:sapphirerapids", shape="m=8,k=64,n=16,mode=weight_only").space}
 
 
 def test_pack_layout_puts_nb_channels_by_kb_reductions_side_by_side():

@@ -53,11 +53,13 @@ def test_matches_quantize_rows_of_qmatmul_for_default_and_random_configs(shape):
                                    "m=9,k=13,n=30,mode=weight_only,relu=1,out_qmax=255"])
 def test_uint8_rows_after_a_relu_use_all_256_levels(shape):
     """out_qmax 255: each row in [0, 255] (its max at 255), as uint8, against the reference; every config of the
-    space, VNNI's among them where the CPU has it (uint8 activations enter it without the +128 offset)."""
+    space, VNNI's and AMX's among them where the CPU has them (uint8 activations enter both without the +128
+    offset)."""
     task = make_task("qmatmul_requant", "cpu", shape=shape)
     tensors = rq.inputs(task.workload, seed=2)
     exp = expected(rq, task.workload, *tensors)
     configs = sampled(task, 3, seed=7) + [c for c in task.space if c.as_dict()["intrinsic"] == "vnni"][:2]
+    configs += [c for c in task.space if c.as_dict()["intrinsic"] == "amx"][:2]
     for cfg in dict.fromkeys(configs):
         q, scale = run(task, cfg, tensors)
         assert q.dtype == torch.uint8 and mismatch((q, scale), exp) is None, f"{cfg}: {mismatch((q, scale), exp)}"
