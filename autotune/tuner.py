@@ -154,6 +154,11 @@ class Proposer:
         # its features, not by its having won there)
         self.seeds = _neighbours_best(task, log.records, transferred, include_stale) \
             if declared.needs_model and not any(r.ok for r in self.mine) else []  # emptied by the first ask
+        # a code path no record of the operator on this kind of device has measured (a new intrinsic, or one this
+        # machine is the first to have): the model extrapolates there from nothing, so its best config of that
+        # path is measured once, in the first batches
+        self.unexplored = _unexplored_paths(task, [*log.records, *transferred], include_stale) \
+            if declared.needs_model else []
         self.builder = builder  # may be set later, before the first ask
         self._extra: dict[str, Any] | None = None
 
@@ -171,10 +176,24 @@ class Proposer:
         score = self.model.score if self.model is not None and self.model.trained else None
         if score is not None and self._extra is None:
             self._extra = self.model.search_arguments(self.builder, self._propose)
-        batch = seeds + self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
-                                      **(self._extra if score else {}))
+        explore = self._explore(score, max(1, n // 4)) if score is not None and n > 1 else []
+        self.seen.update(explore)
+        n -= len(explore)
+        batch = seeds + explore + self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
+                                                **(self._extra if score else {}))
         self.seen.update(batch)
         return batch
+
+    def _explore(self, score: Any, most: int) -> list[Config]:
+        """The model's best unmeasured config of each of up to `most` unexplored paths (then explored). Without a
+        model the spread design covers every path anyway."""
+        out = []
+        while self.unexplored and len(out) < most:
+            path = self.unexplored.pop(0)
+            pool = [c for c in self.space.configs_of_path(path) if c not in self.seen]
+            if pool:
+                out.append(pool[int(np.argmax(score(pool)))])
+        return out
 
     def leaders(self, n: int) -> list[Config]:
         """The n measured configs whose pooled measurements are fastest: what a run confirms before it ends."""
@@ -320,6 +339,18 @@ def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequen
         if cfg not in out:
             out.append(cfg)
     return out
+
+
+def _unexplored_paths(task: Task, recs: Sequence[records.Record], include_stale: bool) -> list[tuple[Any, ...]]:
+    """The code paths of the task's space (`Space.paths`) that no current, successful record of its operator on
+    this kind of device took."""
+    space = task.space
+    if not space.paths:
+        return []
+    kind = task.device.name.split(":")[0]
+    taken = {tuple(r.config.get(p) for p in space.paths) for r in records.current(recs, include_stale)
+             if r.ok and r.op == task.op and r.device.split(":")[0] == kind}
+    return [p for p in space.paths_present() if p not in taken]
 
 
 def check_error_kinds(kinds: Iterable[str]) -> set[str]:

@@ -276,6 +276,12 @@ class Space:
                 if self._draw(path, probe, 200) is not None or next(self._iter_path(path), None) is not None)
         return self._present
 
+    def configs_of_path(self, path: tuple[Any, ...]) -> Iterator[Config]:
+        """The valid configs of one code path (`path_of`), in declaration order."""
+        if len(path) != len(self.paths):
+            raise ValueError(f"a path names {len(self.paths)} values ({list(self.paths)}), got {path!r}")
+        return self._iter_path(tuple(path))
+
     def _iter_path(self, path: tuple[Any, ...]) -> Iterator[Config]:
         """The valid configs of one path, in declaration order (the product of the other knobs' domains)."""
         domains = list(self._domains)

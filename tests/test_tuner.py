@@ -310,3 +310,29 @@ def test_an_operator_whose_space_holds_anothers_seeds_it_with_the_extra_knobs_dr
     other = tmp_path / "qm.jsonl"
     records.append(other, [qm.record(winner, costs=(1e-4,))])
     assert Proposer(rq, TuningLog(log), "xgb", seed=0, transfer=[other]).seeds == [projected]
+
+
+def test_a_code_path_nothing_has_measured_gets_the_models_best_config_of_it_early(tmp_path):
+    """A model trained on every path but one (a new intrinsic, or a machine the first to have it) extrapolates
+    there from nothing: its best config of that path is measured in the first batch, once; a path some
+    record of the operator on this kind of device took is the model's to rank."""
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+
+    task = make_task("qmatmul", "cpu:sapphirerapids", shape="m=64,k=128,n=64")
+    space = task.space
+    assert ("amx",) in space.paths_present() and len(space.paths_present()) > 2
+    rng = random.Random(0)
+    measured = [c for c in dict.fromkeys(space.sample(rng) for _ in range(400)) if space.path_of(c) != ("amx",)]
+    log = tmp_path / "qm.jsonl"
+    records.append(log, [task.record(c, costs=(1e-3 * (1 + i % 7),)) for i, c in enumerate(measured[:40])])
+    proposer = Proposer(task, TuningLog(log), "xgb", seed=0, transfer=())
+    assert proposer.unexplored == [("amx",)]
+    first = proposer.ask(4)
+    assert [space.path_of(c) for c in first].count(("amx",)) >= 1 and proposer.unexplored == []
+    amx = next(c for c in first if space.path_of(c) == ("amx",))
+    pool = [c for c in space.configs_of_path(("amx",)) if c not in set(measured[:40])]
+    assert proposer.model.score([amx])[0] == max(proposer.model.score(pool))  # the model's pick of the path
+    records.append(log, [task.record(amx, costs=(2e-4,))])
+    assert Proposer(task, TuningLog(log), "xgb", seed=0, transfer=()).unexplored == []
+    assert Proposer(task, TuningLog(log), "random", seed=0, transfer=()).unexplored == []
