@@ -81,7 +81,9 @@ class Device:
         return target_from_json(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
-        return {k: json.loads(v) if k == "host" else v for k, v in self.target_json}
+        """The target as JSON holds it (lists, not the tuples a hashable Device keeps)."""
+        return {k: json.loads(v) if k == "host" else list(v) if isinstance(v, tuple) else v
+                for k, v in self.target_json}
 
 
 @functools.lru_cache(maxsize=None)

@@ -154,9 +154,8 @@ class Proposer:
         # its features, not by its having won there)
         self.seeds = _neighbours_best(task, log.records, transferred, include_stale) \
             if declared.needs_model and not any(r.ok for r in self.mine) else []  # emptied by the first ask
-        # a code path no record of the operator on this kind of device has measured (a new intrinsic, or one this
-        # machine is the first to have): the model extrapolates there from nothing, so its best config of that
-        # path is measured once, in the first batches
+        # a code path the model knows nothing of (a new intrinsic, or one this machine is the first to have), or
+        # one that won another shape here: the model's best config of it is measured once, in the first batches
         self.unexplored = _unexplored_paths(task, [*log.records, *transferred], include_stale) \
             if declared.needs_model else []
         self.builder = builder  # may be set later, before the first ask
@@ -342,15 +341,27 @@ def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequen
 
 
 def _unexplored_paths(task: Task, recs: Sequence[records.Record], include_stale: bool) -> list[tuple[Any, ...]]:
-    """The code paths of the task's space (`Space.paths`) that no current, successful record of its operator on
-    this kind of device took."""
+    """The code paths of the task's space (`Space.paths`) it has not measured that either no record of its
+    operator (or of one whose knobs hold its own: qmatmul's for qmatmul_requant) on this kind of device took,
+    so the model knows nothing of them, or that won another such task on this device: a path that wins here,
+    which a model trained mostly on other machines may not rank first yet."""
     space = task.space
     if not space.paths:
         return []
-    kind = task.device.name.split(":")[0]
-    taken = {tuple(r.config.get(p) for p in space.paths) for r in records.current(recs, include_stale)
-             if r.ok and r.op == task.op and r.device.split(":")[0] == kind}
-    return [p for p in space.paths_present() if p not in taken]
+    kind, device, names = task.device.name.split(":")[0], task.device.name, {k.name for k in space.knobs}
+    mine = (task.op, task.workload_key, device)
+    current = [r for r in records.current(recs, include_stale) if r.ok]
+
+    def path(r: records.Record) -> tuple[Any, ...]:
+        return tuple(r.config.get(p) for p in space.paths)
+
+    tried = {path(r) for r in current if (r.op, r.workload_key, r.device) == mine}
+    kin = [r for r in current if names <= set(r.config)]  # the operator's records, and those of operators whose
+    #                                                        knobs hold its own (qmatmul's for qmatmul_requant)
+    known = {path(r) for r in kin if r.device.split(":")[0] == kind}
+    others = {(r.op, r.workload_key, r.device) for r in kin if r.device == device}
+    winners = {path(b) for b in (records.best(current, *t) for t in others - {mine}) if b is not None}
+    return [p for p in space.paths_present() if p not in tried and (p not in known or p in winners)]
 
 
 def check_error_kinds(kinds: Iterable[str]) -> set[str]:

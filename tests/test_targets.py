@@ -8,7 +8,7 @@ def test_cpu_names_the_detected_host_cpu_never_native():
     dev = resolve("cpu")
     assert dev.name == f"cpu:{host_cpu()}"
     extra = targets.host_extra_features(host_cpu())
-    assert dev.to_json() == {"kind": "llvm", "mcpu": host_cpu(), **({"mattr": extra} if extra else {}),
+    assert dev.to_json() == {"kind": "llvm", "mcpu": host_cpu(), **({"mattr": list(extra)} if extra else {}),
                              "num-cores": dev.cores}
     assert host_cpu() not in ("native", "generic")
     assert str(dev.target().attrs["mcpu"]) == host_cpu()

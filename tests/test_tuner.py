@@ -315,7 +315,8 @@ def test_an_operator_whose_space_holds_anothers_seeds_it_with_the_extra_knobs_dr
 def test_a_code_path_nothing_has_measured_gets_the_models_best_config_of_it_early(tmp_path):
     """A model trained on every path but one (a new intrinsic, or a machine the first to have it) extrapolates
     there from nothing: its best config of that path is measured in the first batch, once; a path some
-    record of the operator on this kind of device took is the model's to rank."""
+    record of the operator on this kind of device took is the model's to rank, unless it won another shape
+    on this device (or another operator's, whose knobs hold the task's)."""
     from autotune.tuner import Proposer
     from autotune.tuning_log import TuningLog
 
@@ -336,3 +337,12 @@ def test_a_code_path_nothing_has_measured_gets_the_models_best_config_of_it_earl
     records.append(log, [task.record(amx, costs=(2e-4,))])
     assert Proposer(task, TuningLog(log), "xgb", seed=0, transfer=()).unexplored == []
     assert Proposer(task, TuningLog(log), "random", seed=0, transfer=()).unexplored == []
+    # another shape, and qmatmul_requant (whose knobs qmatmul's hold), on this device: amx won here, so each
+    # explores it, and nothing else (the paths qmatmul's records took are known to the requant task too)
+    for op, shape in [("qmatmul", "m=64,k=256,n=32"), ("qmatmul_requant", "m=64,k=256,n=32")]:
+        other = make_task(op, "cpu:sapphirerapids", shape=shape)
+        records.append(log, [other.record(other.space.from_json({k: v for k, v in c.to_json().items()
+                                                                 if k in {n.name for n in other.space.knobs}}),
+                                          costs=(1e-3,)) for c in measured[:3] if c.as_dict()["intrinsic"] != "vnni"])
+        unexplored = Proposer(other, TuningLog(log), "xgb", seed=0, transfer=()).unexplored
+        assert unexplored == [("amx",)]
