@@ -175,7 +175,9 @@ class Proposer:
         score = self.model.score if self.model is not None and self.model.trained else None
         if score is not None and self._extra is None:
             self._extra = self.model.search_arguments(self.builder, self._propose)
-        explore = self._explore(score, max(1, n // 4)) if score is not None and n > 1 else []
+        if seeds and self.unexplored:  # a seed measures its path in this batch
+            self.unexplored = [p for p in self.unexplored if p not in {self.space.path_of(c) for c in seeds}]
+        explore = self._explore(score, max(1, n // 4)) if n > 1 else []
         self.seen.update(explore)
         n -= len(explore)
         batch = seeds + explore + self._propose(self.space, self.seen, n, self._rng, score, elites=elites,
@@ -184,14 +186,15 @@ class Proposer:
         return batch
 
     def _explore(self, score: Any, most: int) -> list[Config]:
-        """The model's best unmeasured config of each of up to `most` unexplored paths (then explored). Without a
-        model the spread design covers every path anyway."""
+        """The model's best unmeasured config (without a trained model yet, a random one) of each of up to `most`
+        unexplored paths, which are then explored: a first batch's spread design of a few configs need not
+        reach every path."""
         out = []
         while self.unexplored and len(out) < most:
             path = self.unexplored.pop(0)
             pool = [c for c in self.space.configs_of_path(path) if c not in self.seen]
             if pool:
-                out.append(pool[int(np.argmax(score(pool)))])
+                out.append(pool[int(np.argmax(score(pool)))] if score is not None else self._rng.choice(pool))
         return out
 
     def leaders(self, n: int) -> list[Config]:
@@ -344,7 +347,7 @@ def _unexplored_paths(task: Task, recs: Sequence[records.Record], include_stale:
     """The code paths of the task's space (`Space.paths`) it has not measured that either no record of its
     operator (or of one whose knobs hold its own: qmatmul's for qmatmul_requant) on this kind of device took,
     so the model knows nothing of them, or that won another such task on this device: a path that wins here,
-    which a model trained mostly on other machines may not rank first yet."""
+    which a model trained mostly on other machines may not rank first yet. The unknown ones first."""
     space = task.space
     if not space.paths:
         return []
@@ -361,7 +364,8 @@ def _unexplored_paths(task: Task, recs: Sequence[records.Record], include_stale:
     known = {path(r) for r in kin if r.device.split(":")[0] == kind}
     others = {(r.op, r.workload_key, r.device) for r in kin if r.device == device}
     winners = {path(b) for b in (records.best(current, *t) for t in others - {mine}) if b is not None}
-    return [p for p in space.paths_present() if p not in tried and (p not in known or p in winners)]
+    untried = [p for p in space.paths_present() if p not in tried]
+    return [p for p in untried if p not in known] + [p for p in untried if p in known and p in winners]
 
 
 def check_error_kinds(kinds: Iterable[str]) -> set[str]:

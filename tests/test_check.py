@@ -200,6 +200,23 @@ def test_kernels_this_machine_cannot_run_are_skipped(copy, capsys):
     assert out[1].startswith("FAILED: no kernel of")
 
 
+def test_amx_kernels_are_skipped_where_linux_grants_no_tile_data(copy, monkeypatch):
+    """A kernel whose config runs AMX tiles (qmatmul's `intrinsic=amx`) faults on its first tile instruction where
+    the machine has none or Linux does not grant the tile data: `load` skips it, saying why."""
+    from autotune import runtime
+    from autotune.torch import registry
+
+    manifest = read_manifest(copy)
+    entry = manifest["kernels"][0]
+    entry["config"] = {**entry["config"], "intrinsic": "amx"}  # as a qmatmul AMX kernel's entry reads
+    entry["entry_digest"] = entry_digest(entry)
+    write_manifest(copy, {**manifest, "kernels": [entry]})
+    monkeypatch.setattr(runtime, "amx_allowed", lambda: False)
+    with pytest.warns(UserWarning, match="not loaded"):
+        pkg = registry.load(copy, cpu="any")
+    assert not pkg.kernels and "AMX tiles" in pkg.skipped[0][1]
+
+
 def test_bad_arguments_are_user_errors(tmp_path, package, capsys):
     assert main(["check", str(tmp_path / "missing")]) == 2
     assert main(["check", str(package), "--cases", "0"]) == 2

@@ -346,3 +346,22 @@ def test_a_code_path_nothing_has_measured_gets_the_models_best_config_of_it_earl
                                           costs=(1e-3,)) for c in measured[:3] if c.as_dict()["intrinsic"] != "vnni"])
         unexplored = Proposer(other, TuningLog(log), "xgb", seed=0, transfer=()).unexplored
         assert unexplored == [("amx",)]
+
+
+def test_before_the_model_is_trained_an_unexplored_path_still_gets_a_config_in_the_first_batch(tmp_path):
+    """A first batch of 4 opens with a seed and a spread design of 3 configs, which need not reach every path:
+    the unexplored one (here AMX, which no record took) gets a config of its own, a path a seed measures none."""
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+
+    task = make_task("qmatmul", "cpu:sapphirerapids", shape="m=64,k=128,n=64")
+    other = make_task("qmatmul", "cpu:sapphirerapids", shape="m=32,k=64,n=32")
+    firsts = {path: next(other.space.configs_of_path(path)) for path in [("none",), ("avx2",), ("vnni",)]}
+    vnni = firsts[("vnni",)]
+    log = tmp_path / "qm.jsonl"
+    records.append(log, [other.record(c, costs=(1e-4 if c == vnni else 1e-3,)) for c in firsts.values()])
+    proposer = Proposer(task, TuningLog(log), "xgb", seed=0, transfer=())
+    assert proposer.unexplored == [("amx",), ("vnni",)]  # the unknown path first, then the winners'
+    proposer.model = None  # as before any model is trained (no scorer: the spread design)
+    first = proposer.ask(4)
+    assert [task.space.path_of(c) for c in first].count(("amx",)) == 1 and first[0] == vnni

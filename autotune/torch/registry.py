@@ -251,6 +251,8 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
             pkg.skipped.append((entry, why))
         elif dev.startswith("cpu") and want_cpu not in (None, "any", dev):
             pkg.skipped.append((entry, f"tuned for {dev}, this machine is {want_cpu}"))
+        elif dev.startswith("cpu") and _uses_amx(entry) and not runtime.amx_allowed():
+            pkg.skipped.append((entry, "compiled for AMX tiles, which this machine (or its Linux) does not offer"))
         elif dev.startswith("cuda") and not cuda:
             pkg.skipped.append((entry, "PyTorch sees no CUDA GPU"))
         elif not (dev.startswith("cpu") or dev.startswith("cuda")):
@@ -282,6 +284,12 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
                       stacklevel=2)
     REGISTRY.add(pkg)
     return pkg
+
+
+def _uses_amx(entry: dict[str, Any]) -> bool:
+    """Whether a CPU kernel runs AMX tile instructions (its config's int8 intrinsic: qmatmul's), which fault on a
+    machine without them or a Linux that does not grant the tile data."""
+    return (entry.get("config") or {}).get("intrinsic") == "amx"
 
 
 _register_op: Callable[[Any], TorchBinding | None] | None = None  # ops.register, handed in by on_register
