@@ -26,7 +26,8 @@ def record_device(name: str, target: dict[str, Any]) -> Device:
     """The Device a record was measured on, from its `device` name and `target` JSON (Device.to_json)."""
     if not isinstance(target, dict) or "kind" not in target:
         raise ValueError(f"record target {target!r} is not a TVM target JSON object")
-    pairs = tuple((k, json.dumps(v) if k == "host" else v) for k, v in target.items())
+    pairs = tuple((k, json.dumps(v) if k == "host" else tuple(v) if isinstance(v, list) else v)
+                  for k, v in target.items())  # hashable, as Device keeps it
     gpu = None
     if target["kind"] == "cuda":
         arch = str(target.get("arch", ""))
