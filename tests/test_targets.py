@@ -26,6 +26,10 @@ def test_the_host_gets_the_features_its_llvm_cpu_model_lacks(monkeypatch):
         monkeypatch.setattr(runtime, "amx_allowed", lambda: False)  # Linux refuses the tile data
         targets.host_extra_features.cache_clear()
         assert targets.host_extra_features("rocketlake") == ()
+        monkeypatch.setattr(runtime, "amx_allowed", lambda: True)
+        monkeypatch.setattr(targets, "cpu_flags", lambda: {"avx512f"})  # a machine without AMX
+        targets.host_extra_features.cache_clear()
+        assert targets.host_extra_features("rocketlake") == ()
     finally:
         targets.host_extra_features.cache_clear()
     assert "mattr" not in resolve("cpu:znver4").to_json() or host_cpu() == "znver4"
