@@ -69,8 +69,8 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
         return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
 
     def amx_ok(c: Config) -> bool:  # a block of whole tiles over the whole k: no k blocks, nothing to unroll
-        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[M_TILE] <= 2
-                                         and c[K_BLOCK] == 0 and c[UNROLL])
+        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[K_BLOCK] == 0
+                                         and c[UNROLL])
 
     layouts = LAYOUT.options if w.mode != "weight_only" else ("n16k1", "n8k1")
     blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
@@ -148,7 +148,7 @@ def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, 
 def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     """Apply `cfg` to the schedule of `compute(w, cfg, out_qmax)`: parallel (m_block x n_block) tasks of register
     tiles; with `out_qmax`, tasks of whole rows that quantize the rows they computed (`_quantize_rows`)."""
-    nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
+    nb = _LAYOUT_SHAPE[cfg[LAYOUT]][0]
     mp, kp, np_ = padded(w, cfg)
     mt, nv = tile_rows(cfg), cfg[N_VECTORS]
     y, c = sch.get_sblock("Y"), sch.get_sblock("C")
@@ -173,11 +173,19 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     if cfg[INTRINSIC] == "amx":  # the whole register block over the whole k is one intrinsic
         a_dtype = "uint8" if w.mode == "uint8" else "int8"
         sch.tensorize(ci, intrinsics.amx_block(cfg[M_TILE], nv, kp, a_dtype, (mb, nblk)))
-        sch.vectorize(jii)
-        if out_qmax:
-            _quantize_rows(sch, outer)
-        return
-    cjo, cji = sch.split(cj, [nv, nb])
+    else:
+        _vector_tile(sch, c, cfg, (ci, cj, ck), kp)
+    sch.vectorize(jii)
+    if out_qmax:
+        _quantize_rows(sch, outer)
+
+
+def _vector_tile(sch: Any, c: Any, cfg: Config, loops: tuple[Any, Any, Any], kp: int) -> None:
+    """The register tile's reduction C over its loops (rows, columns, k) in SIMD registers: n_vectors vectors of
+    nb lanes, k in kb groups (blocked by k_block), with the config's intrinsic or LLVM's vectorisation."""
+    ci, cj, ck = loops
+    nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
+    cjo, cji = sch.split(cj, [cfg[N_VECTORS], nb])
     cko, cki = sch.split(ck, [None, kb])
     kblk = cfg[K_BLOCK]
     if kblk and kp % kblk == 0 and kblk < kp:
@@ -199,9 +207,6 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     sch.vectorize(sch.get_loops(init)[-1])
     if intrin != "none":
         sch.tensorize(cji, intrinsics.ensure(_INTRIN_NAME[intrin]))
-    sch.vectorize(jii)
-    if out_qmax:
-        _quantize_rows(sch, outer)
 
 
 _LANES = 8  # fp32 lanes of the row max and the quantizing pass (one AVX2 register; padded rows are whole 8s)
