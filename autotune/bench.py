@@ -153,10 +153,23 @@ def _table_shape(inputs: tuple[Any, ...]) -> tuple[int, ...]:
     return (table.shape[0], max(1, table[0].numel() * table.element_size() // 4))
 
 
-def measure_roof(unit: str, inputs: tuple[Any, ...], fresh: bool = False) -> tuple[roofline.Roof | None, str | None]:
-    """(roof, None), or (None, why not): a bench without a roofline still benches."""
+def gathered_stream(template: Any, w: Any, sets: Iterable[tuple[Any, ...]]) -> Any:
+    """The rows the timed calls gather, set after set (the template's `gathered_rows`), for a roof that gathers
+    the same ones; None where the template does not say."""
+    rows_of = getattr(template, "gathered_rows", None)
+    if rows_of is None:
+        return None
+    import numpy as np
+
+    return np.concatenate([rows_of(w, *s) for s in sets])
+
+
+def measure_roof(unit: str, inputs: tuple[Any, ...], fresh: bool = False, indices: Any = None
+                 ) -> tuple[roofline.Roof | None, str | None]:
+    """(roof, None), or (None, why not): a bench without a roofline still benches. `indices`: the rows a gather
+    roof gathers (`gathered_stream`), else uniformly random ones."""
     try:
-        return roofline.for_unit(unit, _table_shape(inputs), fresh), None
+        return roofline.for_unit(unit, _table_shape(inputs), fresh, indices), None
     except (roofline.RooflineUnavailable, ValueError) as err:
         return None, str(err)
 
@@ -189,6 +202,7 @@ def bench(task: Task, logs: Iterable[str | Path] | TuningLog, seed: int = 0, rou
         times: dict[str, list[float]] = {k: [] for k in contenders}
         isolated: dict[str, list[float]] = {k: [] for k in paths}
         traffic = template.traffic(w, *inputs)
+        stream = gathered_stream(template, w, data.sets) if roof and traffic.unit == "GB/s" else None
         roofs: list[roofline.Roof] = []
         why = None if roof else "not measured (roof=False)"
         for _ in range(rounds):
@@ -197,7 +211,7 @@ def bench(task: Task, logs: Iterable[str | Path] | TuningLog, seed: int = 0, rou
             for name, t in child.round().items():
                 isolated[name].append(t)
             if why is None:  # the roof in every round, beside the kernels: a shared machine's bandwidth moves
-                found, why = measure_roof(traffic.unit, inputs, fresh=True)
+                found, why = measure_roof(traffic.unit, inputs, fresh=True, indices=stream)
                 roofs += [found] if found is not None else []
     finally:
         child.close()
@@ -230,7 +244,7 @@ def format_result(task: Task, r: BenchResult) -> str:
         lines.append(f"  roofline  {r.roof_share:.0%} of measured {r.roof.name} "
                      f"({r.rate(r.tuned_s):.1f} of {r.roof.value:.1f} {r.unit}{spread})"
                      + ("; above it: rows reused within the call hit in cache (the roof's rows are uniform)"
-                        if r.roof_share > 1 and r.unit == "GB/s" else ""))
+                        if r.roof_share > 1 and r.roof.name == "random-gather bandwidth" else ""))
     lines.append(f"  ({r.rounds} rounds, {ORDER})")
     return "\n".join(lines)
 

@@ -7,7 +7,8 @@ Three microbenchmarks in one small C program, compiled with the system's compile
   in flight as the out-of-order window and the prefetches allow), with software prefetch at several
   distances, the table in 2 MB pages where Linux gives them (as the embedding ops keep theirs: a page walk
   per lookup of a table in 4 KB pages caps the misses in flight); the best is the roof of an embedding bag
-  (whose GB/s counts gathered rows the same way, so a Zipf stream whose hot rows stay in cache can exceed it);
+  (whose GB/s counts gathered rows the same way). Given the rows a workload gathers (a file of int64 indices),
+  it gathers those, in their order: a Zipf stream's hot rows stay in cache for the roof as for the kernel;
 - fp32 FMA peak: independent vector FMA chains per thread, enough of them to be throughput-bound;
 - int8 peak: s8 x s8 -> s32 tile products (`tdpbssd`: four 16 x 16 accumulator tiles) where the CPU has AMX and
   Linux grants the tile data, else u8 x s8 -> s32 dot products, `vpdpbusd` where the CPU has AVX512-VNNI or
@@ -26,7 +27,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 GATHER_INDICES = 1 << 21  # rows gathered per pass: enough that a pass lasts milliseconds, cache or not
 
@@ -202,20 +203,38 @@ static double int8_peak(long iters, const char **how) {
 #define ROW_CHAINS 4
 #define BAG 32
 #define MAX_DIST 512  /* rows: small rows are pooled fast, and need misses issued far ahead */
-static void gather(long rows, long n, int huge) {
+/* Row indices: uniformly random (`path` NULL), or the int64 rows in the file `path` (a workload's own stream,
+   e.g. a Zipf one whose hot rows stay in cache), n set to their count; NULL where the file cannot be read. */
+static int64_t *indices(long rows, long *n, const char *path) {
+    int64_t *idx;
+    if (path) {
+        FILE *f = fopen(path, "rb");
+        if (!f || fseek(f, 0, SEEK_END) || (*n = ftell(f) / (long)sizeof(int64_t)) < 1 || fseek(f, 0, SEEK_SET)) return NULL;
+        idx = malloc((*n + MAX_DIST) * sizeof(int64_t));
+        if ((long)fread(idx, sizeof(int64_t), *n, f) != *n) return NULL;
+        fclose(f);
+        for (long i = 0; i < *n; i++) if (idx[i] < 0 || idx[i] >= rows) return NULL;
+    } else {
+        idx = malloc((*n + MAX_DIST) * sizeof(int64_t));
+        uint64_t s = 0x9E3779B97F4A7C15ull;
+        for (long i = 0; i < *n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; idx[i] = (int64_t)(s % (uint64_t)rows); }
+    }
+    for (long i = 0; i < MAX_DIST; i++) idx[*n + i] = idx[i % *n];  /* the tail repeats the head: prefetches need no bound */
+    return idx;
+}
+
+static int gather(long rows, long n, int huge, const char *path) {
+    int64_t *idx = indices(rows, &n, path);
+    if (!idx) { fprintf(stderr, "cannot read row indices in [0, %ld) from %s\n", rows, path); return 2; }
     const size_t page = 2u << 20;  /* a 2 MB page; asked for before the table is first touched */
     size_t bytes_w = ((size_t)rows * DIM * sizeof(float) + page - 1) / page * page;
     float *w = aligned_alloc(page, bytes_w);
 #ifdef MADV_HUGEPAGE
     madvise(w, bytes_w, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 #endif
-    int64_t *idx = malloc((n + MAX_DIST) * sizeof(int64_t));  /* the tail repeats the head: prefetches need no bound */
     float *out = calloc((size_t)omp_get_max_threads() * DIM, sizeof(float));
     #pragma omp parallel for
     for (long i = 0; i < rows * DIM; i++) w[i] = (float)(i & 1023);
-    uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (long i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; idx[i] = (int64_t)(s % (uint64_t)rows); }
-    for (long i = 0; i < MAX_DIST; i++) idx[n + i] = idx[i % n];
     const long row_bytes = DIM * (long)sizeof(float);
     long whole = 0;  /* rows gathered: each thread's share, in whole bags */
     for (int t = 0, nt = omp_get_max_threads(); t < nt; t++) whole += (n * (t + 1) / nt - n * t / nt) / BAG * BAG;
@@ -272,6 +291,7 @@ static void gather(long rows, long n, int huge) {
     printf("sequential %.6f\n", (double)seq * row_bytes / best / 1e9);
     fprintf(stderr, "sink %g\n", out[0]);
     free(w); free(idx); free(out);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -287,10 +307,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "this program gathers rows of %d floats, not %s\n", DIM, argv[3]);
             return 2;
         }
-        gather(atol(argv[2]), atol(argv[4]), !strcmp(argv[5], "huge"));
-        return 0;
+        return gather(atol(argv[2]), atol(argv[4]), !strcmp(argv[5], "huge"), argc >= 7 ? argv[6] : NULL);
     }
-    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N huge|small (DIM: the one it was built for; the table in 2 MB or 4 KB pages)\n");
+    fprintf(stderr, "usage: roofline fma ITERS | int8 ITERS | gather ROWS DIM N huge|small [INDEX_FILE] (DIM: the one it "
+                    "was built for; the table in 2 MB or 4 KB pages; the file's int64 rows, N ignored, else N uniform ones)\n");
     return 2;
 }
 """
@@ -395,37 +415,61 @@ def int8_peak(fresh: bool = False) -> Roof:
     return _cached(f"int8|{_machine()}", measure, fresh)
 
 
-def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES, huge_pages: bool = True) -> dict[str, float]:
-    """GB/s of the random-row gather per prefetch distance ("prefetch N") and of a sequential read, the table in
-    2 MB pages (as the embedding ops keep theirs: search_spaces/embedding_bag/pages.py) or in 4 KB ones."""
-    out = {}
-    for line in _run("gather", str(rows), str(dim), str(n), "huge" if huge_pages else "small", dim=dim):
-        out[f"prefetch {line[1]}" if line[0] == "gather" else line[0]] = float(line[-1])
+def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES, huge_pages: bool = True,
+                 indices: Any = None) -> dict[str, float]:
+    """GB/s of the row gather per prefetch distance ("prefetch N") and of a sequential read, the table in 2 MB
+    pages (as the embedding ops keep theirs: search_spaces/embedding_bag/pages.py) or in 4 KB ones. The rows:
+    `n` uniformly random ones, or `indices` (an integer array of rows in [0, rows)) in their order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stream: tuple[str, ...] = ()
+        if indices is not None:
+            import numpy as np
+
+            idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+            if idx.size == 0 or int(idx.min()) < 0 or int(idx.max()) >= rows:
+                raise ValueError(f"a gather roof's indices must be a non-empty stream of rows in [0, {rows})")
+            path = Path(tmp) / "rows.i64"
+            idx.tofile(path)
+            stream, n = (str(path),), idx.size
+        out = {}
+        for line in _run("gather", str(rows), str(dim), str(n), "huge" if huge_pages else "small", *stream, dim=dim):
+            out[f"prefetch {line[1]}" if line[0] == "gather" else line[0]] = float(line[-1])
     return out
 
 
-def gather_bandwidth(rows: int, dim: int, fresh: bool = False) -> Roof:
-    """Measured random-row gather bandwidth over a (rows, dim) fp32 table, in GB/s (best prefetch distance)."""
+def gather_bandwidth(rows: int, dim: int, fresh: bool = False, indices: Any = None) -> Roof:
+    """Measured row-gather bandwidth over a (rows, dim) fp32 table, in GB/s (best prefetch distance): of uniformly
+    random rows, or of the rows `indices` names (a workload's own stream: the limit of exactly its traffic, hot
+    rows staying in cache as they do for the kernel)."""
     if rows < 1 or dim < 1:
         raise ValueError(f"a gather table needs rows >= 1 and dim >= 1, got ({rows}, {dim})")
 
     def measure() -> Roof:
-        sweep = gather_sweep(rows, dim)
-        return Roof("random-gather bandwidth", max(v for k, v in sweep.items() if k.startswith("prefetch")), "GB/s")
+        sweep = gather_sweep(rows, dim, indices=indices)
+        best = max(v for k, v in sweep.items() if k.startswith("prefetch"))
+        return Roof("random-gather bandwidth" if indices is None else "gather bandwidth of the same rows", best, "GB/s")
 
-    return _cached(f"gather|rows={rows}|dim={dim}|{_machine()}", measure, fresh)
+    if indices is None:
+        key = f"gather|rows={rows}|dim={dim}|{_machine()}"
+    else:
+        import numpy as np
+
+        digest = hashlib.blake2b(np.ascontiguousarray(indices, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+        key = f"gather|rows={rows}|dim={dim}|stream={digest}|{_machine()}"
+    return _cached(key, measure, fresh)
 
 
-def for_unit(unit: str, table_shape: tuple[int, ...] = (), fresh: bool = False) -> Roof:
+def for_unit(unit: str, table_shape: tuple[int, ...] = (), fresh: bool = False, indices: Any = None) -> Roof:
     """The roof of kernels whose figure of merit is `unit`; GB/s kernels give the (rows, dim...) of the table
-    they gather from. `fresh`: measured now, not the figure this process measured before."""
+    they gather from, and may give the rows they gather (`indices`: the roof then gathers the same ones).
+    `fresh`: measured now, not the figure this process measured before."""
     if unit == "GB/s":
         if len(table_shape) < 2:
             raise ValueError(f"a GB/s roof needs the gathered table's shape, got {table_shape}")
         dim = 1
         for d in table_shape[1:]:
             dim *= int(d)
-        return gather_bandwidth(int(table_shape[0]), dim, fresh)
+        return gather_bandwidth(int(table_shape[0]), dim, fresh, indices)
     if unit == "GFLOPS":
         return fp32_peak(fresh)
     if unit == "GOPS":

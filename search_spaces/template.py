@@ -417,3 +417,6 @@ class Template(Protocol):
 #       cycles through, one per call, where a model's calls never see the same data twice and one set would stay
 #       in a cache of `cache_bytes` (the measuring CPU's largest): an embedding bag's batches gather new rows.
 #       Without it every timed call gets `inputs`, as a matmul's weights and activations are hot in a model.
+#   gathered_rows(w, *tensors) -> numpy int64 array: the rows of its table (the largest input) one call gathers, in
+#       order, for a gather-bound (GB/s) template: `autotune bench`'s roof then gathers the same rows (a Zipf
+#       stream's hot rows hit in cache for the roof as for the kernel) rather than uniformly random ones.

@@ -6,16 +6,18 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import autotune
+import search_spaces
 from autotune import bench as bench_mod
 from autotune import roofline
 from autotune.bench import IsolatedTorch, bench, format_result
 from autotune import runtime
 from autotune.bench_child import cycled_paths, torch_paths
-from autotune.runtime import Timing
+from autotune.runtime import TaskData, Timing
 from autotune.task import make_task
 
 SHAPE = "rows=200,dim=8,batch=16,pooling=1-6"
@@ -91,13 +93,13 @@ def test_bench_json_has_both_pytorch_figures_and_the_roofline(log, cache, monkey
     traffic = task.template.traffic(task.workload, *task.template.inputs(task.workload, 0))
     assert j["gbps"] == pytest.approx(traffic.bytes / j["tuned_s"] / 1e9)
     roof = j["roofline"]
-    assert roof["name"] == "random-gather bandwidth" and roof["unit"] == "GB/s" and roof["value"] > 0
+    assert roof["name"] == "gather bandwidth of the same rows" and roof["unit"] == "GB/s" and roof["value"] > 0
     assert roof["share"] == pytest.approx(j["gbps"] / roof["value"])
     # measured in every round, beside the kernels; the median is the roof
     assert len(roof["samples"]) == j["rounds"] and roof["value"] == sorted(roof["samples"])[j["rounds"] // 2]
     assert json.loads(json.dumps(j)) == j
     text = format_result(task, res)
-    assert "isolated" in text and "in-process" in text and "roofline" in text and "random-gather" in text
+    assert "isolated" in text and "in-process" in text and "roofline" in text and "gather bandwidth of the same rows" in text
 
 
 def test_ratios_come_from_the_medians_of_the_rounds(log, cache, monkeypatch):
@@ -149,6 +151,31 @@ def test_gather_bandwidth_is_cached_per_table_shape(cache, monkeypatch):
     monkeypatch.setattr(roofline, "_run", lambda *a: pytest.fail("measured again"))
     assert roofline.gather_bandwidth(300, 4) == roof
     assert not (roofline.cache_dir() / "roofline.json").exists()  # measured in this run, never stored
+
+
+def test_a_gather_roof_of_given_rows_gathers_those(cache, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", cache)
+    stream = np.arange(1 << 14) % 7  # hot rows: the roof of this traffic, not of uniform rows
+    roof = roofline.for_unit("GB/s", (300, 4), indices=stream)
+    assert roof.value > 0 and roof.name == "gather bandwidth of the same rows"
+    def rerun(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(roofline, "_run", rerun)
+    assert roofline.gather_bandwidth(300, 4, indices=stream.copy()) == roof  # the same rows: measured once
+    with pytest.raises(AssertionError, match="measured again"):
+        roofline.gather_bandwidth(300, 4, indices=stream[::-1].copy())
+    for bad in (np.array([0, 300]), np.array([-1]), np.array([], dtype=np.int64)):
+        with pytest.raises(ValueError, match="rows in"):
+            roofline.gather_sweep(300, 4, indices=bad)
+
+
+def test_the_bench_roof_gathers_the_timed_sets_rows():
+    task = make_task("embedding_bag", "cpu", shape="rows=50,dim=8,batch=4,pooling=2")
+    data = TaskData(task.template, task.workload, 0, "cpu")
+    stream = bench_mod.gathered_stream(task.template, task.workload, data.sets)
+    assert stream.tolist() == torch.cat([s[1] for s in data.sets]).tolist()
+    assert bench_mod.gathered_stream(search_spaces.get("qmatmul"), None, data.sets) is None  # no such member
 
 
 def test_no_compiler_is_one_clear_message_and_no_roof(tmp_path, monkeypatch):

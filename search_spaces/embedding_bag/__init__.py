@@ -37,6 +37,15 @@ def check_inputs(w: Workload, *tensors: Any) -> None:
     check(w, *tensors)
 
 
+def gathered_rows(w: Workload, weight: Any, indices: Any, offsets: Any, per_sample_weights: Any = None) -> Any:
+    """The table rows one call gathers, in order (template.py: the roof `autotune bench` prints gathers the
+    same ones)."""
+    import numpy as np
+
+    rows = (indices[:int(offsets[-1])] if w.include_last_offset else indices).numpy().astype(np.int64)
+    return rows if w.padding_idx is None else rows[rows != w.padding_idx]
+
+
 def torch_binding() -> TorchBinding:
     from .torch_op import BINDING
 

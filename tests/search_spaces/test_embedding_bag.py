@@ -230,6 +230,13 @@ def test_timed_sets_gather_new_rows_of_the_same_hot_set_until_they_outgrow_the_c
     assert all(torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(sets, again))  # reproducible
 
 
+def test_gathered_rows_are_the_pooled_indices_in_order():
+    w = eb.Workload(rows=10, dim=4, batch=3, pooling=(0, 3), include_last_offset=True, padding_idx=2)
+    table = torch.zeros(10, 4)
+    indices, offsets = torch.tensor([5, 2, 7, 7, 9, 1]), torch.tensor([0, 2, 2, 5])  # the last index is past the end
+    assert eb.gathered_rows(w, table, indices, offsets).tolist() == [5, 7, 7, 9]  # padding gathers nothing
+
+
 @pytest.mark.parametrize("shape, message", [
     ("rows=10,dim=8,batch=2", "missing pooling"),
     ("rows=10,dim=8,batch=2,pooling=5-3", "min <= max"),
