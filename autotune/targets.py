@@ -100,20 +100,22 @@ def host_cpu() -> str:
 
 # Features a CPU may have beyond what LLVM's model of its name implies: a VM can show one CPU's model number and
 # another's instruction sets (LLVM names such a Xeon with AMX "rocketlake", which has none). Linux flag -> LLVM.
-_EXTRA_FEATURES = {"amx_tile": "+amx-tile", "amx_int8": "+amx-int8", "amx_bf16": "+amx-bf16"}
+_AMX_FEATURES = {"amx_tile": "+amx-tile", "amx_int8": "+amx-int8", "amx_bf16": "+amx-bf16"}
+_EXTRA_FEATURES = {**_AMX_FEATURES, "avx512_bf16": "+avx512bf16"}
 
 
 @functools.lru_cache(maxsize=None)
 def host_extra_features(mcpu: str) -> tuple[str, ...]:
     """The LLVM `mattr` entries of features this machine's CPU has and LLVM's `mcpu` model lacks (AMX, which
-    also needs Linux's permission: `runtime.amx_allowed`), so kernels tuned here may use them."""
+    also needs Linux's permission: `runtime.amx_allowed`; AVX512-BF16's conversions), so kernels tuned here may
+    use them."""
     from tvm.target import codegen
 
     from . import runtime
 
     flags = cpu_flags()
     if not ({"amx_tile", "amx_int8"} <= flags and runtime.amx_allowed()):
-        return ()
+        flags -= set(_AMX_FEATURES)
     model = target_from_json({"kind": "llvm", "mcpu": mcpu})
     return tuple(attr for flag, attr in _EXTRA_FEATURES.items()
                  if flag in flags and not codegen.llvm_cpu_has_features([attr[1:]], model))

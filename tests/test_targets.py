@@ -16,18 +16,19 @@ def test_cpu_names_the_detected_host_cpu_never_native():
 
 def test_the_host_gets_the_features_its_llvm_cpu_model_lacks(monkeypatch):
     """A VM showing one CPU's model number and another's instruction sets: AMX where LLVM's model of the name
-    has none (and Linux grants it), nothing where the model has it already or the machine lacks it."""
-    monkeypatch.setattr(targets, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_int8"})
+    has none (and Linux grants it), AVX512-BF16 likewise, nothing where the model has it already or the machine
+    lacks it."""
+    monkeypatch.setattr(targets, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_int8", "avx512_bf16"})
     monkeypatch.setattr(runtime, "amx_allowed", lambda: True)
     targets.host_extra_features.cache_clear()
     try:
-        assert targets.host_extra_features("rocketlake") == ("+amx-tile", "+amx-int8")
+        assert targets.host_extra_features("rocketlake") == ("+amx-tile", "+amx-int8", "+avx512bf16")
         assert targets.host_extra_features("sapphirerapids") == ()
         monkeypatch.setattr(runtime, "amx_allowed", lambda: False)  # Linux refuses the tile data
         targets.host_extra_features.cache_clear()
-        assert targets.host_extra_features("rocketlake") == ()
+        assert targets.host_extra_features("rocketlake") == ("+avx512bf16",)
         monkeypatch.setattr(runtime, "amx_allowed", lambda: True)
-        monkeypatch.setattr(targets, "cpu_flags", lambda: {"avx512f"})  # a machine without AMX
+        monkeypatch.setattr(targets, "cpu_flags", lambda: {"avx512f"})  # a machine without AMX or BF16
         targets.host_extra_features.cache_clear()
         assert targets.host_extra_features("rocketlake") == ()
     finally:

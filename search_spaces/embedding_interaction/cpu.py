@@ -10,12 +10,21 @@ from typing import Any
 
 from ..embedding_bag.cpu import PREFETCH_LINES, UNROLL, check_llvm, prefetch_lines, simd, vectorize_innermost
 from ..interaction.cpu import DIM_UNROLL, HSUM, LANES, PAIRS_PER_BLOCK, SAMPLES_PER_TASK, THREADING
+from .. import intrinsics
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
-from .kernel import compute, feature_lanes, next_pow2, padded_dim
+from .kernel import amx_fits, compute, feature_lanes, next_pow2, padded_dim
 from .workload import Workload
 
-__all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "LANES", "PAIRS_PER_BLOCK", "PREFETCH", "PREFETCH_LINES",
+__all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "INTRINSIC", "LANES", "PAIRS_PER_BLOCK", "PREFETCH", "PREFETCH_LINES",
            "SAMPLES_PER_TASK", "THREADING", "UNROLL", "lower", "schedule", "space"]
+
+INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
+    "How the dot products run: 'simd' in fp32 SIMD lanes along D, pairs reduced across lanes (the lanes, pair "
+    "block, reduction and unroll knobs); 'amx' as the sample's Gram matrix on AMX tiles (`tdpbf16ps` on bf16 "
+    "roundings of the features, fp32 sums: a dozen tile products where SIMD spends thousands of instructions), "
+    "offered where the workload allows bf16 products (dot_dtype) and the CPU has AMX-BF16 and AVX512-BF16 "
+    "(the rounding, `vcvtne2ps2bf16`). The registry loads an 'amx' kernel only where Linux grants the tiles."))
+AMX_FEATURES = ("amx-tile", "amx-bf16", "avx512bf16")
 
 PREFETCH = Choice("prefetch", (32, 0, 8, 16, 64, 128, 256), doc=(
     "Software-prefetch distance in bags, in the kernel's order (a sample's tables one after another, then the "
@@ -42,11 +51,18 @@ def space(w: Workload, target: Any) -> Space:
     check_llvm("embedding_interaction", target)
     lanes = [v for v in LANES.options if v <= max(4, next_pow2(w.dim)) and (v > 1 or w.dim < 8)]  # as interaction
     unrolls = [u for u in DIM_UNROLL.options if any(_chunks(w, v) % u == 0 for v in lanes)]
+    amx = amx_fits(w) and intrinsics.cpu_has(target, *AMX_FEATURES)
+
+    def simd_knobs_for_simd(c: Config) -> bool:  # AMX's dot products have no lanes, pair block or reduction
+        pinned = c[LANES] == lanes[0] and all(c[k] == k.options[0] for k in (PAIRS_PER_BLOCK, HSUM, DIM_UNROLL))
+        return c[INTRINSIC] == "simd" or pinned
+
     return Space(
         [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, DIM_UNROLL.only(unrolls),
          PREFETCH, prefetch_lines(w.rows_format), UNROLL.only(u for u in UNROLL.options if u <= w.pooling[1] or u == 1),
-         ACCUMULATOR],
+         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",))],
         [
+            Constraint("the SIMD dot products' knobs only matter for intrinsic simd", simd_knobs_for_simd),
             Constraint("samples_per_task only matters for parallel threading",
                        lambda c: c[THREADING] == "parallel" or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB)",
@@ -78,6 +94,8 @@ def schedule(sch: Any, w: Workload, cfg: Config) -> None:
     if padded_dim(w, vec) > w.dim:
         sch.vectorize(sch.get_loops(sch.get_sblock("stage_pad"))[-1])
 
+    if cfg[INTRINSIC] == "amx":  # the Gram matrix's tiles: written whole in the TVMScript
+        return
     dot = sch.get_sblock("dot")
     c, q, lane = sch.get_loops(dot)[-3:]
     _, ci = sch.split(c, [None, unroll])
@@ -98,7 +116,10 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     from tvm.s_tir import Schedule
 
     check_llvm("embedding_interaction", target)
+    amx_every = 0
+    if cfg[INTRINSIC] == "amx":  # the tile configuration at each task's first sample (serial: the first only)
+        amx_every = cfg[SAMPLES_PER_TASK] if cfg[THREADING] == "parallel" else 1 << 30
     sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PREFETCH], cfg[PREFETCH_LINES],
-                           cfg[UNROLL], cfg[ACCUMULATOR] == "local"))
+                           cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every))
     schedule(sch, w, cfg)
     return sch.mod

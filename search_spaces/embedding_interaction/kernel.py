@@ -31,9 +31,18 @@ from ..interaction.cpu import _next_pow2, _padded_dim, _reduction_levels, _row_b
 from ..space import InvalidConfig
 from .workload import Workload
 
-__all__ = ["compute", "feature_lanes", "next_pow2", "padded_dim"]
+__all__ = ["AMX_FEATURES", "amx_fits", "compute", "feature_lanes", "next_pow2", "padded_dim"]
 
 next_pow2 = _next_pow2
+AMX_ROWS = 16  # a tile's rows: features per row block of the Gram matrix
+AMX_K = 32  # bf16 values a tile row holds (64 bytes): the dimension runs in steps of it
+AMX_FEATURES = 2 * AMX_ROWS  # the Gram matrix's tiles on and below the diagonal (3) + 2 A + 2 B fit 8 tiles
+
+
+def amx_fits(w: Workload) -> bool:
+    """Whether the dot products may run on AMX tiles: bf16 products allowed (`dot_dtype`), at most AMX_FEATURES
+    features and a dimension of whole tile rows."""
+    return w.dot_dtype == "bfloat16" and w.dots.features <= AMX_FEATURES and w.dim % AMX_K == 0
 
 
 def padded_dim(w: Workload, lanes: int) -> int:
@@ -48,13 +57,18 @@ def feature_lanes(w: Workload) -> int:
 
 @functools.lru_cache(maxsize=64)
 def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose", prefetch: int = 0,
-            prefetch_lines: int = 1, unroll: int = 1, local: bool = True) -> Any:
+            prefetch_lines: int = 1, unroll: int = 1, local: bool = True, amx_every: int = 0) -> Any:
     """The fused kernel for one dot-product SIMD width, pair block and cross-lane reduction, prefetch distance
-    (bags; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator. Cached: parsing
-    takes a few hundred ms and schedules never mutate their input module."""
+    (bags; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator; `amx_every` > 0:
+    the dot products on AMX tiles instead (`amx_fits`; the tile configuration loaded at every sample whose
+    index is a multiple of it: each parallel task's first). Cached: parsing takes a few hundred ms and
+    schedules never mutate their input module."""
     import tvm
     from tvm.script import tirx as T
 
+    if amx_every and not amx_fits(w):
+        raise InvalidConfig(f"AMX dot products need at most {AMX_FEATURES} features and a dim that is a multiple "
+                            f"of {AMX_K}, and bf16 products allowed (dot_dtype=bfloat16)")
     if pairs_per_block & (pairs_per_block - 1) or lanes & (lanes - 1):
         raise InvalidConfig(f"lanes {lanes} and pairs_per_block {pairs_per_block} must be powers of two")
     if hsum not in ("transpose", "tree"):
@@ -206,6 +220,130 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
         if L == 4:
             store(r3, Out, vb, start_, count_)
 
+    # ---- the dot products on AMX tiles (amx_every > 0) -----------------------------------------------------
+    # The Gram matrix of the sample's features, G = X X^T (X: FT x D, features padded to whole tiles), on
+    # bf16 roundings of X with fp32 sums (`tdpbf16ps`): A tiles are X's rows as they are (bf16 pairs), B tiles
+    # X^T in the pair-interleaved layout AMX reads, i.e. X's 16 x 16 blocks of bf16 pairs transposed. Only the
+    # tiles on and below the diagonal are computed; the kept triangle is copied row by row into the output.
+    KS, FT = D // AMX_K, AMX_ROWS * (2 if F > AMX_ROWS else 1)
+    MT = FT // AMX_ROWS
+    a_tile, b_tile = 3, 5  # + row block / column block
+    zip_lo = [i // 2 + (16 if i % 2 else 0) for i in range(16)]
+    zip_hi = [8 + i // 2 + (16 if i % 2 else 0) for i in range(16)]
+    # the triangle's rows as (first, end, width): full-width vector copies while a row's copy stays in the output
+    # row (its spill past the kept entries is overwritten by the next rows), then one entry at a time
+    spans, i0 = [], 1 - diag
+    for width in (AMX_ROWS, FT):
+        i1 = i0
+        while i1 < F and i1 + diag <= width and (i1 * (i1 + 2 * diag - 1)) // 2 + width <= P:
+            i1 += 1
+        spans.append((i0, i1, width))
+        i0 = i1
+
+    @T.macro
+    def tile_config(vb):
+        if vb % amx_every == 0:  # a task's first sample: its thread's tiles may hold another kernel's shapes
+            config = T.sblock_alloc_buffer((64,), "uint8")
+            for byte in range(64):
+                config[byte] = T.uint8(0)
+            config[0] = T.uint8(1)  # palette 1: every tile 16 rows x 64 bytes
+            for t in range(8):
+                config[16 + 2 * t] = T.uint8(64)
+                config[48 + t] = T.uint8(AMX_ROWS)
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
+
+    @T.macro
+    def transpose_pairs(A, Bt, s, nb):
+        # Bt[s, nb] = the 16 x 16 block of bf16 pairs A[nb*16 .., s*16 ..] transposed: four rounds of zips
+        v0 = T.sblock_alloc_buffer((256,), "int32")
+        v1 = T.sblock_alloc_buffer((256,), "int32")
+        for r in T.unroll(16):
+            v0[T.ramp(r * 16, 1, 16)] = A[nb * 16 + r, T.ramp(s * 16, 1, 16)]
+        for rnd in T.unroll(2):  # rounds 1 and 3 into v1, 2 and 4 back into v0
+            for j in T.unroll(8):
+                v1[T.ramp(2 * j * 16, 1, 16)] = T.Shuffle(
+                    [v0[T.ramp(j * 16, 1, 16)], v0[T.ramp((j + 8) * 16, 1, 16)]], zip_lo)
+                v1[T.ramp((2 * j + 1) * 16, 1, 16)] = T.Shuffle(
+                    [v0[T.ramp(j * 16, 1, 16)], v0[T.ramp((j + 8) * 16, 1, 16)]], zip_hi)
+            for j in T.unroll(8):
+                v0[T.ramp(2 * j * 16, 1, 16)] = T.Shuffle(
+                    [v1[T.ramp(j * 16, 1, 16)], v1[T.ramp((j + 8) * 16, 1, 16)]], zip_lo)
+                v0[T.ramp((2 * j + 1) * 16, 1, 16)] = T.Shuffle(
+                    [v1[T.ramp(j * 16, 1, 16)], v1[T.ramp((j + 8) * 16, 1, 16)]], zip_hi)
+        for r in T.unroll(16):
+            Bt[s, nb, r, T.ramp(0, 1, 16)] = v0[T.ramp(r * 16, 1, 16)]
+
+    @T.macro
+    def amx_dots(feat, Out, vb):
+        with T.sblock("amx_dots"):
+            T.reads(feat[0:FR * Dp])
+            T.writes(Out[vb, D:O])
+            A = T.sblock_alloc_buffer((FT, D // 2), "int32")  # bf16 pairs
+            Bt = T.sblock_alloc_buffer((KS, MT, 16, 16), "int32")
+            G = T.sblock_alloc_buffer((FT, FT), "float32")
+            tile_config(vb)
+            for f in range(F):
+                for c in T.unroll(D // 32):
+                    A[f, T.ramp(c * 16, 1, 16)] = T.reinterpret("int32x16", T.call_llvm_pure_intrin(
+                        "int16x32", "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
+                        feat[T.ramp(f * Dp + c * 32 + 16, 1, 16)], feat[T.ramp(f * Dp + c * 32, 1, 16)]))
+            for s in T.unroll(KS):
+                for nb in T.unroll(MT):
+                    transpose_pairs(A, Bt, s, nb)
+            for mi in T.unroll(MT):
+                for nj in T.unroll(MT):
+                    if nj <= mi:  # on and below the diagonal
+                        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(mi * (mi + 1) // 2 + nj)))
+            for s in T.unroll(KS):
+                for mi in T.unroll(MT):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(a_tile + mi),
+                                                  T.address_of(A[mi * 16, s * 16]), T.int64(D * 2)))
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(b_tile + mi),
+                                                  T.address_of(Bt[s, mi, 0, 0]), T.int64(64)))
+                for mi in T.unroll(MT):
+                    for nj in T.unroll(MT):
+                        if nj <= mi:
+                            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(mi * (mi + 1) // 2 + nj),
+                                                          T.int8(a_tile + mi), T.int8(b_tile + nj)))
+            for mi in T.unroll(MT):
+                for nj in T.unroll(MT):
+                    if nj <= mi:
+                        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(mi * (mi + 1) // 2 + nj),
+                                                      T.address_of(G[mi * 16, nj * 16]), T.int64(FT * 4)))
+            for i in range(spans[0][0], spans[0][1]):
+                Out[vb, T.ramp(D + (i * (i + 2 * diag - 1)) // 2, 1, spans[0][2])] = G[i, T.ramp(0, 1, spans[0][2])]
+            for i in range(spans[1][0], spans[1][1]):
+                Out[vb, T.ramp(D + (i * (i + 2 * diag - 1)) // 2, 1, spans[1][2])] = G[i, T.ramp(0, 1, spans[1][2])]
+            for i in range(spans[1][1], F):
+                for j in range(i + diag):
+                    Out[vb, D + (i * (i + 2 * diag - 1)) // 2 + j] = G[i, j]
+
+    @T.macro
+    def dots(feat, tab, Out, vb):
+        for k0 in range((FR - F) * Dp // VL):  # zero rows past the last feature
+            for k1 in T.vectorized(VL):
+                feat[F * Dp + k0 * VL + k1] = T.float32(0)
+        for blk in range(NBLK):
+            with T.sblock("pair_block"):
+                vblk = T.axis.spatial(NBLK, blk)
+                T.reads(feat[0:FR * Dp], tab[0:TAB])
+                T.writes(Out[vb, D:O])
+                acc = T.sblock_alloc_buffer((PB * VL,), "float32")
+                r0 = T.sblock_alloc_buffer((sizes[0],), "float32")
+                r1 = T.sblock_alloc_buffer((sizes[1],), "float32")
+                r2 = T.sblock_alloc_buffer((sizes[2],), "float32")
+                r3 = T.sblock_alloc_buffer((sizes[3],), "float32")
+                # row i against rows j0 .. j0 + PB - 1: the row-i chunk is loaded once
+                for c, q, ln in T.grid(Dp // VL, PB, VL):
+                    with T.sblock("dot"):
+                        vc, vq, vl = T.axis.remap("RSS", [c, q, ln])
+                        with T.init():
+                            acc[vq * VL + vl] = T.float32(0)
+                        acc[vq * VL + vl] = acc[vq * VL + vl] + (
+                            feat[tab[vblk * 4] + vc * VL + vl]
+                            * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
+                reduce_and_store(acc, r0, r1, r2, r3, Out, vb, tab[vblk * 4 + 2], tab[vblk * 4 + 3])
+
     # ---- one sample ----------------------------------------------------------------------------------------
     @T.macro
     def samples(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R):
@@ -240,29 +378,10 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                     with T.sblock("stage_pad"):
                         vf, vd = T.axis.remap("SS", [f, d])
                         feat[vf * Dp + D + vd] = T.float32(0)
-                for k0 in range((FR - F) * Dp // VL):  # zero rows past the last feature
-                    for k1 in T.vectorized(VL):
-                        feat[F * Dp + k0 * VL + k1] = T.float32(0)
-                for blk in range(NBLK):
-                    with T.sblock("pair_block"):
-                        vblk = T.axis.spatial(NBLK, blk)
-                        T.reads(feat[0:FR * Dp], tab[0:TAB])
-                        T.writes(Out[vb, D:O])
-                        acc = T.sblock_alloc_buffer((PB * VL,), "float32")
-                        r0 = T.sblock_alloc_buffer((sizes[0],), "float32")
-                        r1 = T.sblock_alloc_buffer((sizes[1],), "float32")
-                        r2 = T.sblock_alloc_buffer((sizes[2],), "float32")
-                        r3 = T.sblock_alloc_buffer((sizes[3],), "float32")
-                        # row i against rows j0 .. j0 + PB - 1: the row-i chunk is loaded once
-                        for c, q, ln in T.grid(Dp // VL, PB, VL):
-                            with T.sblock("dot"):
-                                vc, vq, vl = T.axis.remap("RSS", [c, q, ln])
-                                with T.init():
-                                    acc[vq * VL + vl] = T.float32(0)
-                                acc[vq * VL + vl] = acc[vq * VL + vl] + (
-                                    feat[tab[vblk * 4] + vc * VL + vl]
-                                    * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
-                        reduce_and_store(acc, r0, r1, r2, r3, Out, vb, tab[vblk * 4 + 2], tab[vblk * 4 + 3])
+                if amx_every > 0:
+                    amx_dots(feat, Out, vb)
+                else:
+                    dots(feat, tab, Out, vb)
 
     @T.macro
     def body(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R):
@@ -291,18 +410,19 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
         Out = T.match_buffer(out_, (NB, O), "float32")
         Flag = T.match_buffer(flag, (1,), "int32")
         tab = T.sblock_alloc_buffer((TAB,), "int32")
-        with T.sblock("pairs"):  # the triangle's blocks, listed once per call
-            T.reads()
-            T.writes(tab[0:TAB])
-            n = T.sblock_alloc_buffer((1,), "int32")
-            n[0] = 0
-            for i in range(F):
-                for jb in range((i + diag + PB - 1) // PB):
-                    tab[n[0] * 4] = i * Dp
-                    tab[n[0] * 4 + 1] = jb * PB * Dp
-                    tab[n[0] * 4 + 2] = (i * (i + 2 * diag - 1)) // 2 + jb * PB
-                    tab[n[0] * 4 + 3] = T.min(PB, i + diag - jb * PB)
-                    n[0] = n[0] + 1
+        if amx_every == 0:
+            with T.sblock("pairs"):  # the triangle's blocks, listed once per call
+                T.reads()
+                T.writes(tab[0:TAB])
+                n = T.sblock_alloc_buffer((1,), "int32")
+                n[0] = 0
+                for i in range(F):
+                    for jb in range((i + diag + PB - 1) // PB):
+                        tab[n[0] * 4] = i * Dp
+                        tab[n[0] * 4 + 1] = jb * PB * Dp
+                        tab[n[0] * 4 + 2] = (i * (i + 2 * diag - 1)) // 2 + jb * PB
+                        tab[n[0] * 4 + 3] = T.min(PB, i + diag - jb * PB)
+                        n[0] = n[0] + 1
         if fmt.fused:
             S = fmt.scales(W)
             body(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R)

@@ -18,12 +18,14 @@ from ..embedding_bag.rows import RowFormat
 from ..embedding_bag.workload import error_flag, flag_error, flagged, needs
 from ..interaction import workload as interaction
 from ..interaction.workload import dot_interaction
-from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload
+from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload, WorkloadError
 
 __all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args", "pack",
            "reference", "timed_inputs", "tolerance", "traffic"]
 
 OP = "embedding_interaction"
+DOT_DTYPES = ("float32", "bfloat16")
+BF16_PRODUCT_RTOL = 2.0 ** -7  # two roundings to bf16 (8 significant bits) each move a product by <= 2^-8 of it
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,9 @@ class Workload(_Workload):
     summing `pooling` = (min, max) rows of dimension `dim`, `batch` samples, and the dot interaction of each
     sample's dense vector with its T pooled rows (`self_interaction` keeps the diagonal). `dtype` is how the
     tables store their rows (embedding_bag's rows.py); `index_dtype`, `distribution` and `zipf_exponent` are the
-    bags' (`dist=zipf:1.05`)."""
+    bags' (`dist=zipf:1.05`). `dot_dtype` is the coarsest rounding the dot products' inputs may take
+    (`dot=bfloat16`): "bfloat16" lets a kernel multiply bf16 roundings of the features with fp32 sums (AMX's
+    tile products), and widens the tolerance by what two roundings to bf16 move a product."""
 
     rows: tuple[int, ...]
     dim: int
@@ -44,8 +48,9 @@ class Workload(_Workload):
     distribution: str = "uniform"
     zipf_exponent: float = 1.05
     dtype: str = "float32"
+    dot_dtype: str = "float32"
 
-    SHAPE_ALIASES = {"index": "index_dtype", "dist": "distribution", "self": "self_interaction"}
+    SHAPE_ALIASES = {"index": "index_dtype", "dist": "distribution", "self": "self_interaction", "dot": "dot_dtype"}
 
     parse_rows = batched.Workload.parse_rows  # the bags' shape text: `rows=...` and `pooling=MIN-MAX`
     parse_pooling = batched.Workload.parse_pooling
@@ -55,6 +60,8 @@ class Workload(_Workload):
         for name in ("rows", "tables", "pooling", "distribution", "zipf_exponent"):
             object.__setattr__(self, name, getattr(b, name))
         _ = self.dots  # validates the interaction's fields (batch, tables, dim) as it does
+        if self.dot_dtype not in DOT_DTYPES:
+            raise WorkloadError(f"dot_dtype must be one of {', '.join(DOT_DTYPES)}, got {self.dot_dtype!r}")
 
     @functools.cached_property
     def bags(self) -> batched.Workload:
@@ -136,7 +143,7 @@ def tolerance(w: Workload) -> tuple[float, float]:
     """The interaction's (judged against float64, rtol relative to each output's sum of |terms|), its atol grown
     with the pooled rows' size: a bag of n rows rounds n times before its dot products."""
     rtol, atol = interaction.tolerance(w.dots)
-    return rtol, atol * max(1, w.pooling[1])
+    return rtol + (BF16_PRODUCT_RTOL if w.dot_dtype == "bfloat16" else 0.0), atol * max(1, w.pooling[1])
 
 
 # ---- checks and the kernel's arguments ----------------------------------------------------------------------
