@@ -1,7 +1,8 @@
 """The fused embedding bags + dot interaction on the CPU (llvm): its knobs, space and schedule (the TVMScript is
 kernel.py's). The dot products' knobs are the interaction kernel's (search_spaces.interaction.cpu), the
-gather's the embedding bag's (search_spaces.embedding_bag.cpu), each with its meaning there; two are this
-kernel's own: how far ahead rows are prefetched across the samples, and where a bag is pooled.
+gather's the embedding bag's (search_spaces.embedding_bag.cpu), each with its meaning there; this kernel's own:
+how far ahead rows and indices are prefetched across the samples, where a bag is pooled, and whether the dot
+products run in SIMD lanes or on AMX tiles.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from ..space import Choice, Config, Constraint, InvalidConfig, Space
 from .kernel import amx_fits, compute, feature_lanes, next_pow2, padded_dim
 from .workload import Workload
 
-__all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "INTRINSIC", "LANES", "PAIRS_PER_BLOCK", "PREFETCH", "PREFETCH_LINES",
-           "SAMPLES_PER_TASK", "THREADING", "UNROLL", "lower", "schedule", "space"]
+__all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "INDEX_PREFETCH", "INTRINSIC", "LANES", "PAIRS_PER_BLOCK",
+           "PREFETCH", "PREFETCH_LINES", "SAMPLES_PER_TASK", "THREADING", "UNROLL", "lower", "schedule", "space"]
 
 INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
     "How the dot products run: 'simd' in fp32 SIMD lanes along D, pairs reduced across lanes (the lanes, pair "
@@ -25,6 +26,11 @@ INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
     "offered where the workload allows bf16 products (dot_dtype) and the CPU has AMX-BF16 and AVX512-BF16 "
     "(the rounding, `vcvtne2ps2bf16`). The registry loads an 'amx' kernel only where Linux grants the tiles."))
 AMX_FEATURES = ("amx-tile", "amx-bf16", "avx512bf16")
+INDEX_PREFETCH = Choice("index_prefetch", (8, 0, 16), doc=(
+    "Samples ahead whose indices are prefetched (their offsets twice as far): the kernel reads the table-major "
+    "offsets and indices sample by sample, one stream per table, more streams than the hardware prefetchers "
+    "follow, so each new line of them is a miss that the row prefetch then waits on; 0 leaves them to the "
+    "hardware."))
 
 PREFETCH = Choice("prefetch", (32, 0, 8, 16, 64, 128, 256), doc=(
     "Software-prefetch distance in bags, in the kernel's order (a sample's tables one after another, then the "
@@ -60,7 +66,7 @@ def space(w: Workload, target: Any) -> Space:
     return Space(
         [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, DIM_UNROLL.only(unrolls),
          PREFETCH, prefetch_lines(w.rows_format), UNROLL.only(u for u in UNROLL.options if u <= w.pooling[1] or u == 1),
-         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",))],
+         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",)), INDEX_PREFETCH],
         [
             Constraint("the SIMD dot products' knobs only matter for intrinsic simd", simd_knobs_for_simd),
             Constraint("samples_per_task only matters for parallel threading",
@@ -120,6 +126,6 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     if cfg[INTRINSIC] == "amx":  # the tile configuration at each task's first sample (serial: the first only)
         amx_every = cfg[SAMPLES_PER_TASK] if cfg[THREADING] == "parallel" else 1 << 30
     sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PREFETCH], cfg[PREFETCH_LINES],
-                           cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every))
+                           cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every, cfg[INDEX_PREFETCH]))
     schedule(sch, w, cfg)
     return sch.mod

@@ -57,7 +57,8 @@ def feature_lanes(w: Workload) -> int:
 
 @functools.lru_cache(maxsize=64)
 def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose", prefetch: int = 0,
-            prefetch_lines: int = 1, unroll: int = 1, local: bool = True, amx_every: int = 0) -> Any:
+            prefetch_lines: int = 1, unroll: int = 1, local: bool = True, amx_every: int = 0,
+            index_ahead: int = 0) -> Any:
     """The fused kernel for one dot-product SIMD width, pair block and cross-lane reduction, prefetch distance
     (bags; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator; `amx_every` > 0:
     the dot products on AMX tiles instead (`amx_fits`; the tile configuration loaded at every sample whose
@@ -174,6 +175,19 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                         group_row(W, S, TO, I, Off, A, base, Flag, vt, vb, g * U + u, NB)
                 for r in range(count(Off, vt, vb, NB) % U):
                     tail_row(W, S, TO, I, Off, A, base, Flag, vt, vb, count(Off, vt, vb, NB) // U * U + r, NB)
+
+    @T.macro
+    def prefetch_indices(I, Off, vt, vb, NB, NNZ):
+        # the table-major offsets and indices are read sample by sample: one stream per table, more than the
+        # hardware's prefetchers follow; the offsets 2 x index_ahead samples ahead, the indices index_ahead
+        # (their offsets fetched by then)
+        with T.sblock("prefetch_indices"):
+            T.reads()
+            T.writes()
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0",
+                                          T.address_of(Off[vt * NB + T.min(vb + 2 * index_ahead, NB)]), 0, 3, 1))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(I[T.min(
+                T.Cast(i64, Off[vt * NB + T.min(vb + index_ahead, NB)]), NNZ - 1)]), 0, 3, 1))
 
     # ---- the dot products (the interaction kernel's "rows" layout) -----------------------------------------
     @T.macro
@@ -365,6 +379,8 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                         vt = T.axis.spatial(NT, t)
                         T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
                         T.writes(feat[(vt + 1) * Dp:(vt + 1) * Dp + D])
+                        if index_ahead > 0:
+                            prefetch_indices(I, Off, vt, vb, NB, NNZ)
                         if local:
                             A = T.sblock_alloc_buffer((D,), "float32", scope=SCRATCH_SCOPE)
                             pool(W, S, TO, I, Off, A, 0, Flag, vt, vb, NB, NNZ, R)

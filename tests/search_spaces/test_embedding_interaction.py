@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from conftest import cpu_flags
 import torch
 
 import search_spaces
@@ -69,6 +70,60 @@ def test_both_accumulators_and_unrolled_rows_agree_with_pytorch():
         cfg = task.space.from_json({**base, **change})
         out = _kernel(task, cfg)(*inputs)
         assert judge(out, exp).why is None, f"{change}: {judge(out, exp).why}"
+
+
+AMX_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16"}
+AMX_CASES = {
+    # one row block of features (11: MT = 1), two (27, the DLRM's; 32, the most), the diagonal kept, 1-3 k-steps
+    "11-features-self-dim32": dict(rows=(50,) * 10, dim=32, batch=33, pooling=(0, 3), self_interaction=True),
+    "27-features-dim64": dict(rows=(30, 7, 300) * 8 + (20, 5), dim=64, batch=37, pooling=(1, 1), dtype="float16"),
+    "32-features-dim96": dict(rows=(9,) * 31, dim=96, batch=18, pooling=(2, 2), index_dtype="int32"),
+}
+
+
+@pytest.mark.parametrize("case", AMX_CASES)
+def test_amx_dot_products_are_the_gram_matrix_of_bf16_rounded_features(case):
+    """The AMX path against the interaction of the features rounded to bf16, summed in float64: equal up to fp32
+    sums (a tile or pair layout wrong anywhere moves entries by far more), the dense part copied exactly; and
+    within the workload's tolerance of the exact result. Many tasks per thread and a serial loop: each task
+    loads the tile configuration before its first tile."""
+    if not AMX_FLAGS <= cpu_flags():
+        pytest.skip("this CPU has no AMX-BF16")
+    task = make_task("embedding_interaction", "cpu", **AMX_CASES[case], dot_dtype="bfloat16")
+    w = task.workload
+    x, weight, table_offsets, indices, offsets = inputs = TPL.inputs(w, 5)
+    ly = bags.reference(w.bags, weight, table_offsets, indices, offsets).view(w.batch, w.tables, w.dim)
+    rounded = dot_interaction(x.bfloat16().double(), ly.bfloat16().double(), w.self_interaction)[:, w.dim:]
+    exp = expected(TPL, w, *inputs)
+    amx = [c for c in task.space if c.as_dict()["intrinsic"] == "amx"]
+    picks = {(d["threading"], d["samples_per_task"]): c for c in amx for d in [c.as_dict()]}
+    for cfg in (picks[("parallel", 1)], picks[("parallel", 8)], picks[("serial", 8)]):
+        out = _kernel(task, cfg)(*inputs)
+        assert torch.equal(out[:, :w.dim], x), str(cfg)
+        torch.testing.assert_close(out[:, w.dim:].double(), rounded, rtol=1e-5, atol=1e-4, msg=str(cfg))
+        assert judge(out, exp).why is None, f"{cfg}: {judge(out, exp).why}"
+
+
+def test_amx_dot_products_are_offered_only_where_bf16_products_are_allowed_and_the_cpu_has_them():
+    def intrinsics(device, **fields):
+        task = make_task("embedding_interaction", device, **{"rows": (9,) * 26, "dim": 64, "batch": 4,
+                                                            "pooling": (1, 1), **fields})
+        return {c.as_dict()["intrinsic"] for c in task.space}
+
+    assert intrinsics("cpu:sapphirerapids", dot_dtype="bfloat16") == {"simd", "amx"}
+    assert intrinsics("cpu:sapphirerapids") == {"simd"}  # fp32 products asked for
+    assert intrinsics("cpu:znver4", dot_dtype="bfloat16") == {"simd"}
+    assert intrinsics("cpu:sapphirerapids", dot_dtype="bfloat16", rows=(9,) * 32) == {"simd"}  # 33 features
+    task = make_task("embedding_interaction", "cpu:sapphirerapids", rows=(9,) * 26, dim=64, batch=4, pooling=(1, 1),
+                     dot_dtype="bfloat16")
+    simd_only = ("lanes", "pairs_per_block", "hsum", "dim_unroll")  # pinned on the AMX path: no duplicate configs
+    amx = {tuple(c.as_dict()[k] for k in simd_only) for c in task.space if c.as_dict()["intrinsic"] == "amx"}
+    assert len(amx) == 1
+    with pytest.raises(WorkloadError, match="dot_dtype"):
+        Workload(rows=(9,), dim=8, batch=2, pooling=(1, 1), dot_dtype="float16")
+    exact, rounded = (TPL.tolerance(Workload(rows=(9,), dim=8, batch=2, pooling=(1, 1), dot_dtype=d))
+                      for d in ("float32", "bfloat16"))
+    assert rounded[0] > exact[0] + 2 ** -8 and rounded[1] == exact[1]
 
 
 def test_a_bad_index_or_bag_is_flagged_and_named_for_the_operator():
