@@ -1,8 +1,8 @@
 """torch.ops.autotune.embedding_interaction: per-table lists in, one fused kernel call out; its checks, its
 PyTorch fallback and its backward, against the unfused pair (T F.embedding_bag calls, then DLRM's interaction).
 
-One package (default configs, not tuned: float32, int8 with self-interaction, float16 with int32 indices) is
-exported once for the module; each test loads it afresh and counts kernel calls, to tell a kernel run from a
+One package (default configs, not tuned: float32, int8 with self-interaction, float16 with int32 indices,
+float32 allowing bf16 products) is exported once for the module; each test loads it afresh and counts kernel calls, to tell a kernel run from a
 fallback.
 """
 
@@ -28,7 +28,8 @@ TEMPLATE = search_spaces.get("embedding_interaction")
 ROWS, DIM = (50, 7, 300), 12  # TEST_SHAPE's tables
 KERNELS = [dict(rows=ROWS, dim=DIM, batch=5, pooling=(0, 3)),
            dict(rows=ROWS, dim=DIM, batch=5, pooling=(1, 1), self_interaction=True, dtype="int8"),
-           dict(rows=ROWS, dim=DIM, batch=5, pooling=(0, 3), dtype="float16", index_dtype="int32")]
+           dict(rows=ROWS, dim=DIM, batch=5, pooling=(0, 3), dtype="float16", index_dtype="int32"),
+           dict(rows=ROWS, dim=DIM, batch=5, pooling=(0, 3), dot_dtype="bfloat16")]
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,20 @@ def test_reduced_precision_tables_one_hot_and_multi_hot(pkg, table, index, self_
         out = OP(*args, self_interaction)
     torch.testing.assert_close(out, unfused(*args, self_interaction), rtol=1e-5, atol=1e-5)
     assert out.shape == (11, DIM + (10 if self_interaction else 6)) and calls(pkg) == 1
+
+
+def test_bf16_products_are_asked_for_by_the_call_and_served_by_their_own_kernel(pkg):
+    """dot_dtype picks the kernels: a call allowing bf16 products runs the kernel tuned so (its default config is
+    fp32 SIMD here: within the allowance, exact), one asking for fp32 products never does."""
+    args = inputs(8, seed=5)
+    by_dots = {k.workload.dot_dtype: k for k in pkg.kernels if k.workload.dtype == "float32"}
+    with _no_fallback():
+        for dot_dtype in ("bfloat16", "float32"):
+            out = OP(*args, False, False, dot_dtype)
+            torch.testing.assert_close(out, unfused(*args), rtol=1e-5, atol=1e-5)
+            assert by_dots[dot_dtype].calls == 1, dot_dtype
+    with pytest.raises(InvalidInput, match="embedding_interaction: dot_dtype must be one of float32, bfloat16"):
+        OP(*args, False, False, "float16")
 
 
 def test_every_check_case_is_served_by_the_kernel(pkg):

@@ -410,6 +410,7 @@ def test_int8_tables_feeding_an_interaction_become_one_fused_call_over_int8_rows
     (m,) = [f for f in rule("embedding_interaction", "embedding_interaction_int8").find(gm, values, set())
             if isinstance(f, GraphMatch)]
     assert m.tasks[0][1]["dtype"] == "int8" and len(m.reduced) == 3 and "int8 rows" in m.what
+    assert m.tasks[0][1]["dot_dtype"] == "bfloat16" and "bf16 roundings" in m.what  # AMX's products allowed
     (exact,) = [f for f in rule("embedding_interaction").find(gm, values, set()) if isinstance(f, GraphMatch)]
     (_, atol), (_, exact_atol) = m.tolerance, exact.tolerance
     out = values[m.outputs[0].name]
@@ -421,6 +422,7 @@ def test_int8_tables_feeding_an_interaction_become_one_fused_call_over_int8_rows
     assert len(matches) == 1 and not kept
     (fused,) = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.embedding_interaction.default]
     assert getattr(gm, fused.args[1].target).dtype == torch.uint8  # FBGEMM's fused rows
+    assert fused.args[7] == "bfloat16"  # the op is asked for the kernels tuned with bf16 products
     rtol, atol = m.tolerance
     got, want = gm(*args)[0], model(*args)[0]
     assert torch.allclose(got, want, rtol=rtol, atol=atol) and not torch.equal(got, want)

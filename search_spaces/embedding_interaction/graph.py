@@ -15,7 +15,8 @@ contract. Where the contract moves a table up from int8, the 16-bit rung's twin 
 after it) takes the group in fp16 rows: as many cache lines per lookup as int8 rows of dim 64 (128 against 72
 bytes, two lines each), about a twentieth of their error (int8 rows of a table of a few rows, which every
 sample reads, move a model's outputs the most); a table held in fp32 breaks the group, and the rules apart
-take the site.
+take the site. Both twins let the dot products multiply bf16 roundings of the features (`dot_dtype`: AMX's
+tile products, where the CPU has them): the check's allowance includes what that moves the output by.
 """
 
 from __future__ import annotations
@@ -62,13 +63,13 @@ def _why_not(gm: Any, values: dict[str, Any], group: list[Bag], x: Any) -> str:
 
 
 def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interaction: bool,
-             dtype: str = "float32") -> Any:
+             dtype: str = "float32", dot_dtype: str = "float32") -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
         indices, offsets = [b.indices for b in group], [b.offsets for b in group]
         with gm.graph.inserting_before(insertion_point(gm, [x, *indices, *offsets], list(outputs))):
             weight, starts = table_nodes(gm, group, dtype)
             new = gm.graph.call_function(torch.ops.autotune.embedding_interaction.default, (
-                x, weight, starts, indices, offsets, self_interaction, group[0].include_last_offset))
+                x, weight, starts, indices, offsets, self_interaction, group[0].include_last_offset, dot_dtype))
         for node in (weight, starts, new):
             node.meta["nn_module_stack"] = outputs[0].meta.get("nn_module_stack", {})
         return (new,)
@@ -76,10 +77,11 @@ def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interactio
     return replace
 
 
-def _sites(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str, dtype: str
+def _sites(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str, dtype: str, dot_dtype: str = "float32"
            ) -> Iterator[Kept | tuple[list[Bag], Any, Any, dict[str, Any], list[Any]]]:
     """(group, interaction site, dense-features node, task fields, nodes) of each dot interaction whose
-    embeddings are one group of batchable bags the `dtype` kernels can serve, or Kept saying why not."""
+    embeddings are one group of batchable bags the `dtype` kernels (with `dot_dtype` products) can serve, or
+    Kept saying why not."""
     by_outputs = {tuple(b.out for b in group): group for group in groups(gm, values, claimed)}
     if not by_outputs:
         return
@@ -93,8 +95,8 @@ def _sites(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str, dtype:
         group = by_outputs.get(tuple(n for _, n, _ in feats.chunks))
         if group is None:
             continue  # not one group of bags (other tables among them, a weighted bag): the two rules apart
-        fields = _fields(group, bool(site.tasks[0][1]["self_interaction"])) | (
-            {"dtype": dtype} if dtype != "float32" else {})
+        fields = _fields(group, bool(site.tasks[0][1]["self_interaction"]))
+        fields |= {k: v for k, v in (("dtype", dtype), ("dot_dtype", dot_dtype)) if v != "float32"}
         nodes = [b.node for b in group] + [bmm]
         why = _why_not(gm, values, group, feats.x) or workload_error(Workload, fields) or (
             "" if has_op(OP) else f"torch.ops.autotune.{OP} is not registered (import autotune.torch)")
@@ -111,7 +113,8 @@ def _match(rule: str, group: list[Bag], site: GraphMatch, x: Any, fields: dict[s
     return GraphMatch(
         rule=rule, nodes=tuple(dict.fromkeys([*(n for b in group for n in b.covered), *site.nodes])),
         outputs=site.outputs, tasks=((OP, fields),),
-        replace=_replace(group, x, site.outputs, self_interaction, dtype), tolerance=tol, where=where(nodes),
+        replace=_replace(group, x, site.outputs, self_interaction, dtype, fields.get("dot_dtype", "float32")),
+        tolerance=tol, where=where(nodes),
         reduced=reduced,
         what=(f"{len(group)} embedding bags + dot interaction -> one embedding_interaction ({len(group)} tables, "
               f"dim {fields['dim']}{', self-interaction' if self_interaction else ''}): the pooled rows are never "
@@ -132,8 +135,9 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
 def _reduced_tolerance(gm: Any, values: dict[str, Any], group: list[Bag], x: Any, fields: dict[str, Any],
                        dtype: str) -> tuple[float, float]:
     """(rtol, atol) of the check by numbers against the fp32 model: the kernels' own rounding, plus what `dtype`
-    rows themselves move the output by on the example inputs (the interaction of the converted tables' bags
-    against the fp32 one's), which no bound by steps states as tightly (a dot product sums D products)."""
+    rows and bf16 products (`dot_dtype`) themselves move the output by on the example inputs (the interaction of
+    the converted tables' bags, on bf16 roundings, against the fp32 one's), which no bound by steps states as
+    tightly (a dot product sums D products)."""
     rtol, atol = tolerance(Workload(**fields))
     with torch.no_grad():
         pooled, exact = [], []
@@ -146,6 +150,10 @@ def _reduced_tolerance(gm: Any, values: dict[str, Any], group: list[Bag], x: Any
             exact.append(tensor_value(gm, values, b.out))
         dense = tensor_value(gm, values, x)
         ours = dot_interaction(dense, torch.stack(pooled, 1), fields["self_interaction"])
+        if fields.get("dot_dtype") == "bfloat16":  # the triangle of bf16 roundings; x is copied as it is
+            rounded = dot_interaction(dense.bfloat16().float(), torch.stack(pooled, 1).bfloat16().float(),
+                                      fields["self_interaction"])
+            ours = torch.cat([dense, rounded[:, dense.shape[1]:]], dim=1)
         theirs = dot_interaction(dense, torch.stack(exact, 1), fields["self_interaction"])
         moved = float((ours - theirs).abs().max())
     return rtol, atol + moved * (1 + 1e-3)
@@ -157,7 +165,7 @@ def _finder(rule: str, dtype: str, precision: str, rows: str, layout: str = "") 
     simulate = simulated_bag(dtype)
 
     def find_reduced(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
-        for found in _sites(gm, values, claimed, rule, dtype):
+        for found in _sites(gm, values, claimed, rule, dtype, "bfloat16"):
             if isinstance(found, Kept):
                 yield found
                 continue
@@ -166,8 +174,9 @@ def _finder(rule: str, dtype: str, precision: str, rows: str, layout: str = "") 
                                     what=f"EmbeddingBag({b.rows}, {b.dim}) table, {rows}", precision=precision)
                             for b in group)
             tol = _reduced_tolerance(gm, values, group, x, fields, dtype)
-            yield _match(rule, group, site, x, fields, nodes, tol, f" of {rows}{layout}, converted once", dtype,
-                         reduced)
+            yield _match(rule, group, site, x, fields, nodes, tol, f" of {rows}{layout}, converted once; the dot "
+                         "products may multiply bf16 roundings of the features (AMX tiles, where the CPU has them)",
+                         dtype, reduced)
 
     return find_reduced
 

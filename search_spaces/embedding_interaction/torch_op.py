@@ -28,16 +28,18 @@ from ..embedding_bag.workload import pool_dequantized
 from ..interaction.torch_op import quarter_turn
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, Route, TorchBinding
-from .workload import OP, RENAMED, Workload
+from .workload import DOT_DTYPES, OP, RENAMED, Workload
 
 __all__ = ["BINDING", "check", "embedding_interaction"]
 
 
 def embedding_interaction(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor],
                           offsets: list[Tensor], self_interaction: bool = False, include_last_offset: bool = False,
-                          validate: bool = True) -> Tensor:
+                          dot_dtype: str = "float32", validate: bool = True) -> Tensor:
     """DLRM's dot interaction of x (B, D) with the T tables' pooled bags: `interaction(x, batched_embedding_bag(
-    weight, table_offsets, indices, offsets, "sum", include_last_offset).view(B, T, D), self_interaction)`."""
+    weight, table_offsets, indices, offsets, "sum", include_last_offset).view(B, T, D), self_interaction)`.
+    `dot_dtype="bfloat16"` allows kernels to multiply bf16 roundings of the features (the workload's field);
+    PyTorch's implementation computes in full precision either way."""
     ly = tbe.batched_embedding_bag(weight, table_offsets, indices, offsets, "sum", include_last_offset)
     return dot_interaction(x, ly.view(ly.shape[0], len(indices), table_dim(weight)).to(x.dtype), self_interaction)
 
@@ -49,9 +51,11 @@ def _pairs(tables: int, self_interaction: bool) -> int:
 
 # ---- checks -------------------------------------------------------------------------------------------------
 def check(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets: list[Tensor],
-          self_interaction: bool = False, include_last_offset: bool = False, validate: bool = True) -> None:
+          self_interaction: bool = False, include_last_offset: bool = False, dot_dtype: str = "float32",
+          validate: bool = True) -> None:
     """The batched op's checks of the bags (metadata only), then x: (batch, dim) of the tables' output dtype
-    (float32; float64 for a float64 table), on their device, contiguous."""
+    (float32; float64 for a float64 table), on their device, contiguous; dot_dtype one of DOT_DTYPES."""
+    need(dot_dtype in DOT_DTYPES, OP, f"dot_dtype must be one of {', '.join(DOT_DTYPES)}, got {dot_dtype!r}")
     with RENAMED:
         tbe.check(weight, table_offsets, indices, offsets, "sum", include_last_offset, validate)
     xs = x.shape
@@ -73,20 +77,22 @@ def _explain(x: Tensor, weight: Tensor, offsets: list[Tensor], include_last_offs
 
 
 def fake(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets: list[Tensor],
-         self_interaction: bool = False, include_last_offset: bool = False, validate: bool = True) -> Tensor:
+         self_interaction: bool = False, include_last_offset: bool = False, dot_dtype: str = "float32",
+         validate: bool = True) -> Tensor:
     return x.new_empty(x.shape[0], x.shape[1] + _pairs(len(indices), self_interaction))
 
 
 def route(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor], offsets: list[Tensor],
-          self_interaction: bool = False, include_last_offset: bool = False, validate: bool = True) -> Route | str:
+          self_interaction: bool = False, include_last_offset: bool = False, dot_dtype: str = "float32",
+          validate: bool = True) -> Route | str:
     index = tbe._index_dtype(indices)
-    signature = (len(indices), table_dim(weight), self_interaction, index, table_dtype(weight))
+    signature = (len(indices), table_dim(weight), self_interaction, index, table_dtype(weight), dot_dtype)
     batch = x.shape[0]
     if batch < 1:  # nothing to compute
         return Route(signature, 0)
     if weight.device.type != "cpu":
         return "the fused kernel runs on CPUs only (batched_embedding_bag and interaction have GPU kernels)"
-    if x.dtype is not torch.float32 or signature[-1] is None:
+    if x.dtype is not torch.float32 or signature[4] is None:
         return f"kernels take float32 x and float32, float16, bfloat16 or fused int8 tables, got {weight.dtype}"
     if index == "int32" and sum(i.numel() for i in indices) >= 2**31:
         return "the indices overflow int32 offsets"
@@ -97,7 +103,7 @@ def route(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor
 
 def run(chunks: Sequence[Any], x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor],
         offsets: list[Tensor], self_interaction: bool = False, include_last_offset: bool = False,
-        validate: bool = True) -> Tensor:
+        dot_dtype: str = "float32", validate: bool = True) -> Tensor:
     idx, offs, shift, last = tbe.layout(indices, offsets, include_last_offset)
     if validate and not tbe._bag_edges_ok(offs, shift, last, (offs.numel() - 1) // len(indices)):
         with RENAMED:
@@ -106,12 +112,13 @@ def run(chunks: Sequence[Any], x: Tensor, weight: Tensor, table_offsets: Tensor,
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.tables, w.dim, w.self_interaction, w.index_dtype, w.dtype)
+    return (w.tables, w.dim, w.self_interaction, w.index_dtype, w.dtype, w.dot_dtype)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    tables, dim, self_interaction, index, dtype = signature
-    return f"tables={tables} dim={dim} self_interaction={self_interaction} index={index} dtype={dtype}"
+    tables, dim, self_interaction, index, dtype, dot_dtype = signature
+    return (f"tables={tables} dim={dim} self_interaction={self_interaction} index={index} dtype={dtype} "
+            f"dot_dtype={dot_dtype}")
 
 
 # ---- the calls a kernel must serve (autotune check) ---------------------------------------------------------
@@ -133,7 +140,7 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[Case]:
         last = kw["include_last_offset"]
         x = torch.randn(offsets[0].numel() - int(last), w.dim, generator=gen)
         out.append((name, (x, weight, table_offsets, indices, offsets),
-                    {"self_interaction": w.self_interaction, "include_last_offset": last}))
+                    {"self_interaction": w.self_interaction, "include_last_offset": last, "dot_dtype": w.dot_dtype}))
     name, (x, weight, table_offsets, indices, offsets), kw = out[0]
     out.append(("zeros", (x * 0, weight, table_offsets, indices, offsets), kw))
     if w.dtype == "float32":
@@ -149,7 +156,7 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[Case]:
 # ---- autograd: the pooled rows recomputed, PyTorch's gradients of the bags and the interaction -------------
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     # (`inputs` shadows nothing it needs: it is the keyword torch passes the op's arguments by)
-    x, weight, table_offsets, indices, offsets, self_interaction, include_last_offset, _ = inputs
+    x, weight, table_offsets, indices, offsets, self_interaction, include_last_offset = inputs[:7]
     ctx.save_for_backward(x, weight, table_offsets, *indices, *offsets)
     ctx.options = (len(indices), self_interaction, include_last_offset)
 
