@@ -568,8 +568,13 @@ def float64_reference(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> F
     """`fn` run on its arguments with every floating-point tensor cast to float64 (the value), and on their
     absolute values (the magnitude: for a sum of products of those tensors, each output's sum of |terms|).
     Tensors in lists, tuples and dicts are cast too; integer tensors (indices, offsets) are passed as given."""
+    return _float64_reference(fn, args, kwargs, args)
+
+
+def _float64_reference(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any],
+                       magnitude_args: Sequence[Any]) -> Float64Reference:
     value = fn(*_floats(args, _to_float64), **_floats(kwargs, _to_float64))
-    magnitude = fn(*_floats(args, _abs_float64), **_floats(kwargs, _abs_float64))
+    magnitude = fn(*_floats(magnitude_args, _abs_float64), **_floats(kwargs, _abs_float64))
     return Float64Reference(value, _map_tensors(magnitude, lambda t: t.abs()))
 
 
@@ -620,9 +625,13 @@ def expected(template: Any, workload: Any, *tensors: Any) -> Expected:
 def expected_call(template: Any, workload: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Expected:
     """What a kernel computing `fn(*args, **kwargs)` is judged against: `fn` (the template's reference, or its
     torch op's PyTorch path) as PyTorch runs it, the template's tolerance for `workload` and, where the
-    template's rule is float64, `fn` in float64 (`float64_reference`)."""
+    template's rule is float64, `fn` in float64 (`float64_reference`; its magnitude on the template's
+    `magnitude_args` where it has them: values stored as integers, such as int8 rows, as floats)."""
     rtol, atol = template.tolerance(workload)
-    f64 = float64_reference(fn, *args, **kwargs) if reference_precision(template) == FLOAT64 else None
+    f64 = None
+    if reference_precision(template) == FLOAT64:
+        as_floats = getattr(template, "magnitude_args", None)
+        f64 = _float64_reference(fn, args, kwargs, args if as_floats is None else as_floats(workload, args))
     return Expected(fn(*args, **kwargs), rtol, atol, f64)
 
 

@@ -407,6 +407,9 @@ class Template(Protocol):
 #       dtype, |out - ref| <= atol + rtol |ref| (torch.isclose): for exact and integer results (rows quantized
 #       bit for bit, int32 accumulations, one rounding step) and inputs the float64 rule does not fit (integer
 #       values, whose absolute values it does not take; tables too large to copy in float64).
+#   magnitude_args(w, args) -> args: under REFERENCE_PRECISION "float64", the reference-order (or torch op) arguments
+#       whose reference on absolute values is the magnitude: the runtime takes absolute values of floating-point
+#       tensors only, so values stored as integers (int8 rows with their scales and biases) are given as floats.
 #   after_call(w, args, out) -> None: runs after every kernel call, with the kernel_args list; raises what the
 #       kernel flagged in its arguments (e.g. an index out of range the gather saw and skipped), so inputs are
 #       checked without an extra pass over them. The flag is the kernel's last argument: an int32 zero on entry,

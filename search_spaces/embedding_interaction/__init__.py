@@ -20,6 +20,7 @@ from .workload import (Workload, baselines, check_inputs, inputs, kernel_args, p
                        traffic)
 from .workload import after_call  # noqa: F401  (optional member: raises what the kernel flagged)
 from .workload import timed_inputs  # noqa: F401  (optional member: timed calls gather new rows)
+from .workload import magnitude_args  # noqa: F401  (optional member: int8 rows' magnitude as floats)
 
 if TYPE_CHECKING:
     from ..template import TorchBinding

@@ -9,19 +9,20 @@ between them; everything else is the two operators' meaning, taken from their wo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..batched_embedding_bag import workload as batched
-from ..embedding_bag.rows import RowFormat
+from ..embedding_bag.rows import RowFormat, dequantize
 from ..embedding_bag.workload import error_flag, flag_error, flagged, needs
 from ..interaction import workload as interaction
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload, WorkloadError
 
-__all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args", "pack",
-           "reference", "timed_inputs", "tolerance", "traffic"]
+__all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args",
+           "magnitude_args", "pack", "reference", "timed_inputs", "tolerance", "traffic"]
 
 OP = "embedding_interaction"
 DOT_DTYPES = ("float32", "bfloat16")
@@ -106,9 +107,21 @@ def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: 
 
 def reference(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: Any, offsets: Any) -> Any:
     """The batched embedding bag, then DLRM's dot interaction: (B, D + pairs). Computed in the dtype of `x` (float64
-    under the float64 rule; the pooled rows of a reduced-precision table are its float32 values, converted)."""
-    ly = batched.reference(w.bags, weight, table_offsets, indices, offsets)
+    under the float64 rule; the pooled rows of a reduced-precision table are its float32 values, converted; int8
+    rows given as floats, as `magnitude_args` gives them, are those values)."""
+    bags = w.bags
+    if w.dtype == "int8" and weight.is_floating_point():
+        bags = dataclasses.replace(bags, dtype="float32")
+    ly = batched.reference(bags, weight, table_offsets, indices, offsets)
     return dot_interaction(x, ly.view(ly.shape[0], w.tables, w.dim).to(x.dtype), w.self_interaction)
+
+
+def magnitude_args(w: Workload, args: Sequence[Any]) -> Sequence[Any]:
+    """The arguments (the reference's, or the torch op's: the table second in both) whose reference on absolute
+    values is each output's sum of |terms| (template.py): a table of int8 rows as its float32 values."""
+    if w.dtype != "int8":
+        return args
+    return (args[0], dequantize(args[1], "int8"), *args[2:])
 
 
 def baselines(w: Workload, x: Any, weight: Any, table_offsets: Any, indices: Any, offsets: Any
