@@ -26,6 +26,7 @@ INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
     "offered where the workload allows bf16 products (dot_dtype) and the CPU has AMX-BF16 and AVX512-BF16 "
     "(the rounding, `vcvtne2ps2bf16`). The registry loads an 'amx' kernel only where Linux grants the tiles."))
 AMX_FEATURES = ("amx-tile", "amx-bf16", "avx512bf16")
+AMX_MIN_SAMPLES = 8  # per parallel task: a tile configuration per sample costs a third of the stage (WHOLE_MODEL.md)
 INDEX_PREFETCH = Choice("index_prefetch", (8, 0, 16), doc=(
     "Samples ahead whose indices are prefetched (their offsets twice as far): the kernel reads the table-major "
     "offsets and indices sample by sample, one stream per table, more streams than the hardware prefetchers "
@@ -69,6 +70,9 @@ def space(w: Workload, target: Any) -> Space:
          ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",)), INDEX_PREFETCH],
         [
             Constraint("the SIMD dot products' knobs only matter for intrinsic simd", simd_knobs_for_simd),
+            Constraint(f"AMX loads its tile configuration once per task (about a thousand cycles): tasks of "
+                       f"{AMX_MIN_SAMPLES} samples or more", lambda c: c[INTRINSIC] == "simd"
+                       or c[THREADING] == "serial" or c[SAMPLES_PER_TASK] >= AMX_MIN_SAMPLES),
             Constraint("samples_per_task only matters for parallel threading",
                        lambda c: c[THREADING] == "parallel" or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB)",
