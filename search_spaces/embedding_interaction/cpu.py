@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import intrinsics
 from ..embedding_bag.cpu import PREFETCH_LINES, UNROLL, check_llvm, prefetch_lines, simd, vectorize_innermost
 from ..interaction.cpu import DIM_UNROLL, HSUM, LANES, PAIRS_PER_BLOCK, SAMPLES_PER_TASK, THREADING
-from .. import intrinsics
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
 from .kernel import amx_fits, compute, feature_lanes, next_pow2, padded_dim
 from .workload import Workload
@@ -25,7 +25,7 @@ INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
     "roundings of the features, fp32 sums: a dozen tile products where SIMD spends thousands of instructions), "
     "offered where the workload allows bf16 products (dot_dtype) and the CPU has AMX-BF16 and AVX512-BF16 "
     "(the rounding, `vcvtne2ps2bf16`). The registry loads an 'amx' kernel only where Linux grants the tiles."))
-AMX_FEATURES = ("amx-tile", "amx-bf16", "avx512bf16")
+AMX_CPU_FEATURES = ("amx-tile", "amx-bf16", "avx512bf16")  # LLVM names
 AMX_MIN_SAMPLES = 8  # per parallel task: a tile configuration per sample costs a third of the stage (WHOLE_MODEL.md)
 INDEX_PREFETCH = Choice("index_prefetch", (8, 0, 16), doc=(
     "Samples ahead whose indices are prefetched (their offsets twice as far): the kernel reads the table-major "
@@ -58,7 +58,8 @@ def space(w: Workload, target: Any) -> Space:
     check_llvm("embedding_interaction", target)
     lanes = [v for v in LANES.options if v <= max(4, next_pow2(w.dim)) and (v > 1 or w.dim < 8)]  # as interaction
     unrolls = [u for u in DIM_UNROLL.options if any(_chunks(w, v) % u == 0 for v in lanes)]
-    amx = amx_fits(w) and intrinsics.cpu_has(target, *AMX_FEATURES)
+    amx = amx_fits(w) and intrinsics.cpu_has(target, *AMX_CPU_FEATURES)
+    whole_row = max(prefetch_lines(w.rows_format).options)
 
     def simd_knobs_for_simd(c: Config) -> bool:  # AMX's dot products have no lanes, pair block or reduction
         pinned = c[LANES] == lanes[0] and all(c[k] == k.options[0] for k in (PAIRS_PER_BLOCK, HSUM, DIM_UNROLL))
@@ -73,6 +74,8 @@ def space(w: Workload, target: Any) -> Space:
             Constraint(f"AMX loads its tile configuration once per task (about a thousand cycles): tasks of "
                        f"{AMX_MIN_SAMPLES} samples or more", lambda c: c[INTRINSIC] == "simd"
                        or c[THREADING] == "serial" or c[SAMPLES_PER_TASK] >= AMX_MIN_SAMPLES),
+            Constraint("AMX's dot products are short, so the gather's latency shows: rows prefetched whole",
+                       lambda c: c[INTRINSIC] == "simd" or c[PREFETCH] == 0 or c[PREFETCH_LINES] == whole_row),
             Constraint("samples_per_task only matters for parallel threading",
                        lambda c: c[THREADING] == "parallel" or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB)",

@@ -31,18 +31,18 @@ from ..interaction.cpu import _next_pow2, _padded_dim, _reduction_levels, _row_b
 from ..space import InvalidConfig
 from .workload import Workload
 
-__all__ = ["AMX_FEATURES", "amx_fits", "compute", "feature_lanes", "next_pow2", "padded_dim"]
+__all__ = ["AMX_MAX_FEATURES", "amx_fits", "compute", "feature_lanes", "next_pow2", "padded_dim"]
 
 next_pow2 = _next_pow2
 AMX_ROWS = 16  # a tile's rows: features per row block of the Gram matrix
 AMX_K = 32  # bf16 values a tile row holds (64 bytes): the dimension runs in steps of it
-AMX_FEATURES = 2 * AMX_ROWS  # the Gram matrix's tiles on and below the diagonal (3) + 2 A + 2 B fit 8 tiles
+AMX_MAX_FEATURES = 2 * AMX_ROWS  # the Gram matrix's tiles on and below the diagonal (3) + 2 A + 2 B fit 8 tiles
 
 
 def amx_fits(w: Workload) -> bool:
-    """Whether the dot products may run on AMX tiles: bf16 products allowed (`dot_dtype`), at most AMX_FEATURES
+    """Whether the dot products may run on AMX tiles: bf16 products allowed (`dot_dtype`), at most AMX_MAX_FEATURES
     features and a dimension of whole tile rows."""
-    return w.dot_dtype == "bfloat16" and w.dots.features <= AMX_FEATURES and w.dim % AMX_K == 0
+    return w.dot_dtype == "bfloat16" and w.dots.features <= AMX_MAX_FEATURES and w.dim % AMX_K == 0
 
 
 def padded_dim(w: Workload, lanes: int) -> int:
@@ -68,7 +68,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
     from tvm.script import tirx as T
 
     if amx_every and not amx_fits(w):
-        raise InvalidConfig(f"AMX dot products need at most {AMX_FEATURES} features and a dim that is a multiple "
+        raise InvalidConfig(f"AMX dot products need at most {AMX_MAX_FEATURES} features and a dim that is a multiple "
                             f"of {AMX_K}, and bf16 products allowed (dot_dtype=bfloat16)")
     if pairs_per_block & (pairs_per_block - 1) or lanes & (lanes - 1):
         raise InvalidConfig(f"lanes {lanes} and pairs_per_block {pairs_per_block} must be powers of two")
@@ -297,10 +297,10 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
             G = T.sblock_alloc_buffer((FT, FT), "float32")
             tile_config(vb)
             for f in range(F):
-                for c in T.unroll(D // 32):
+                for c in T.unroll(KS):
                     A[f, T.ramp(c * 16, 1, 16)] = T.reinterpret("int32x16", T.call_llvm_pure_intrin(
                         "int16x32", "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
-                        feat[T.ramp(f * Dp + c * 32 + 16, 1, 16)], feat[T.ramp(f * Dp + c * 32, 1, 16)]))
+                        feat[T.ramp(f * Dp + c * AMX_K + 16, 1, 16)], feat[T.ramp(f * Dp + c * AMX_K, 1, 16)]))
             for s in T.unroll(KS):
                 for nb in T.unroll(MT):
                     transpose_pairs(A, Bt, s, nb)
