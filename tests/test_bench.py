@@ -99,7 +99,8 @@ def test_bench_json_has_both_pytorch_figures_and_the_roofline(log, cache, monkey
     assert len(roof["samples"]) == j["rounds"] and roof["value"] == sorted(roof["samples"])[j["rounds"] // 2]
     assert json.loads(json.dumps(j)) == j
     text = format_result(task, res)
-    assert "isolated" in text and "in-process" in text and "roofline" in text and "gather bandwidth of the same rows" in text
+    assert "isolated" in text and "in-process" in text and "roofline" in text
+    assert "gather bandwidth of the same rows" in text
 
 
 def test_ratios_come_from_the_medians_of_the_rounds(log, cache, monkeypatch):

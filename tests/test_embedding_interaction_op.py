@@ -2,8 +2,8 @@
 PyTorch fallback and its backward, against the unfused pair (T F.embedding_bag calls, then DLRM's interaction).
 
 One package (default configs, not tuned: float32, int8 with self-interaction, float16 with int32 indices,
-float32 allowing bf16 products) is exported once for the module; each test loads it afresh and counts kernel calls, to tell a kernel run from a
-fallback.
+float32 allowing bf16 products) is exported once for the module; each test loads it afresh and counts kernel
+calls, to tell a kernel run from a fallback.
 """
 
 from __future__ import annotations
