@@ -176,7 +176,8 @@ class Proposer:
         if score is not None and self._extra is None:
             self._extra = self.model.search_arguments(self.builder, self._propose)
         if seeds and self.unexplored:  # a seed measures its path in this batch
-            self.unexplored = [p for p in self.unexplored if p not in {self.space.path_of(c) for c in seeds}]
+            seeded = {self.space.path_of(c) for c in seeds}
+            self.unexplored = [p for p in self.unexplored if p not in seeded]
         explore = self._explore(score, max(1, n // 4)) if n > 1 else []
         self.seen.update(explore)
         n -= len(explore)

@@ -287,8 +287,9 @@ def load(path: str | os.PathLike[str], cpu: str | None = None) -> Package:
 
 
 def _uses_amx(entry: dict[str, Any]) -> bool:
-    """Whether a CPU kernel runs AMX tile instructions (its config's int8 intrinsic: qmatmul's), which fault on a
-    machine without them or a Linux that does not grant the tile data."""
+    """Whether a CPU kernel runs AMX tile instructions (its config's intrinsic: qmatmul's int8 tiles, the fused
+    embedding_interaction's bf16 ones), which fault on a machine without them or a Linux that does not grant the
+    tile data."""
     return (entry.get("config") or {}).get("intrinsic") == "amx"
 
 

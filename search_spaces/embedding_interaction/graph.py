@@ -148,12 +148,12 @@ def _reduced_tolerance(gm: Any, values: dict[str, Any], group: list[Bag], x: Any
                 args[0], dequantize(quantize(table, dtype), dtype), args[1], mode="sum",
                 include_last_offset=b.include_last_offset, padding_idx=b.padding_idx))
             exact.append(tensor_value(gm, values, b.out))
-        dense = tensor_value(gm, values, x)
-        ours = dot_interaction(dense, torch.stack(pooled, 1), fields["self_interaction"])
+        dense, rows = tensor_value(gm, values, x), torch.stack(pooled, 1)
         if fields.get("dot_dtype") == "bfloat16":  # the triangle of bf16 roundings; x is copied as it is
-            rounded = dot_interaction(dense.bfloat16().float(), torch.stack(pooled, 1).bfloat16().float(),
-                                      fields["self_interaction"])
+            rounded = dot_interaction(dense.bfloat16().float(), rows.bfloat16().float(), fields["self_interaction"])
             ours = torch.cat([dense, rounded[:, dense.shape[1]:]], dim=1)
+        else:
+            ours = dot_interaction(dense, rows, fields["self_interaction"])
         theirs = dot_interaction(dense, torch.stack(exact, 1), fields["self_interaction"])
         moved = float((ours - theirs).abs().max())
     return rtol, atol + moved * (1 + 1e-3)

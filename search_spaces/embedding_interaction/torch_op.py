@@ -55,7 +55,7 @@ def check(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor
           validate: bool = True) -> None:
     """The batched op's checks of the bags (metadata only), then x: (batch, dim) of the tables' output dtype
     (float32; float64 for a float64 table), on their device, contiguous; dot_dtype one of DOT_DTYPES."""
-    need(dot_dtype in DOT_DTYPES, OP, f"dot_dtype must be one of {', '.join(DOT_DTYPES)}, got {dot_dtype!r}")
+    need(dot_dtype in DOT_DTYPES, OP, lambda: f"dot_dtype must be one of {', '.join(DOT_DTYPES)}, got {dot_dtype!r}")
     with RENAMED:
         tbe.check(weight, table_offsets, indices, offsets, "sum", include_last_offset, validate)
     xs = x.shape
