@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..quantize_rows.quotient import exact_quotient
 from ..quantize_rows.workload import EPS, QMAX as INT8_QMAX
 from .workload import Workload
 
@@ -14,7 +15,7 @@ PackedWeight = Callable[[int, int], tuple[Any, Callable[[Any, Any], Any]]]
 
 
 def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, unsigned_offset: int = 0,
-           out_qmax: int = 0) -> Any:
+           out_qmax: int = 0, fma_quotient: bool = False) -> Any:
     """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y),
     or with `out_qmax` (A, ..., [bias], Q, S).
 
@@ -23,7 +24,9 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     before the epilogue. `out_qmax` > 0: Y is an intermediate, quantized per row as quantize_rows does
     (`amax` over the padded row: padded channels are exactly 0; `S` = max(amax, eps) / qmax; `Q` = Y / S
     rounded half to even and clamped; `out_qmax` 255: uint8 rows in [0, 255] of a ReLU's output), so the next
-    layer's activations never exist in float32 outside a task. Mode uint8: A enters the reduction as it is."""
+    layer's activations never exist in float32 outside a task. Mode uint8: A enters the reduction as it is.
+    `fma_quotient` (CPUs): Y / S from the row's reciprocal `R` and two FMAs, the division's bits at a fraction
+    of its cost (quantize_rows/quotient.py)."""
     import tvm
     from tvm import te
 
@@ -70,10 +73,15 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     amax = te.compute((mp,), lambda i: te.max(te.abs(Y[i, n]), axis=n), name="amax")
     qmax = tvm.tirx.const(float(out_qmax), "float32")
     S = te.compute((mp,), lambda i: te.max(amax[i], tvm.tirx.const(EPS, "float32")) / qmax, name="S")
+    if fma_quotient:
+        R = te.compute((mp,), lambda i: tvm.tirx.const(1.0, "float32") / S[i], name="R")
+        quotient: Callable[[Any, Any], Any] = lambda i, j: exact_quotient(Y[i, j], S[i], R[i])
+    else:
+        quotient = lambda i, j: Y[i, j] / S[i]
     if out_qmax > INT8_QMAX:  # unsigned rows (Y >= 0 after its ReLU): [0, out_qmax] as uint8
-        Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(Y[i, j] / S[i]), qmax),
+        Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(quotient(i, j)), qmax),
                                                       tvm.tirx.const(0.0, "float32")).astype("uint8"), name="Q")
     else:
-        Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(Y[i, j] / S[i]), qmax), -qmax).astype("int8"),
+        Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(quotient(i, j)), qmax), -qmax).astype("int8"),
                        name="Q")
     return tvm.IRModule({"main": te.create_prim_func(args + [Q, S])})

@@ -110,13 +110,14 @@ def _block(extent: int, want: int, tile: int) -> int:
 
 def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
     """The weight (N, K) int8 as (N/nb, K/kb, nb, kb), zero-padded, on the weight's device; for VNNI also the
-    compensation 128 * sum_k W[n, k] (int32, per channel)."""
+    compensation 128 * sum_k W[n, k] (int32, per channel). Weight-only: the same integers as float32 (exact),
+    converted here once instead of at every use in the inner loop (`_weight_dtype`)."""
     import torch
 
     wp = padded_weight(w, padded(w, cfg), weight)
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
     np_, kp = wp.shape
-    packed = wp.view(np_ // nb, nb, kp // kb, kb).permute(0, 2, 1, 3).contiguous()
+    packed = wp.view(np_ // nb, nb, kp // kb, kb).permute(0, 2, 1, 3).to(getattr(torch, _weight_dtype(w))).contiguous()
     offset = _offset(w, cfg)
     if offset:
         return packed, (wp.to(torch.int32).sum(1) * offset).to(torch.int32)
@@ -127,8 +128,8 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 def compute(w: Workload, cfg: Config, out_qmax: int = 0) -> Any:
     """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles (`out_qmax`:
     with the output quantized per row, `compute.define`)."""
-    return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(cfg, kp, np_),
-                           unsigned_offset=_offset(w, cfg), out_qmax=out_qmax)
+    return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(w, cfg, kp, np_),
+                           unsigned_offset=_offset(w, cfg), out_qmax=out_qmax, fma_quotient=True)
 
 
 def _offset(w: Workload, cfg: Config) -> int:
@@ -136,12 +137,19 @@ def _offset(w: Workload, cfg: Config) -> int:
     return 0 if w.mode == "uint8" else _UNSIGNED_OFFSET.get(cfg[INTRINSIC], 0)
 
 
-def _packed_weight(cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
+def _weight_dtype(w: Workload) -> str:
+    """The packed weight's dtype: int8 for the integer products; float32 for weight-only, whose float32
+    activations multiply it as floats (an int8 weight cost a sign extension and a conversion per vector per use:
+    the fp32 packed weight of DLRM's 13-input layer is 27 KB)."""
+    return "int8" if w.mode != "weight_only" else "float32"
+
+
+def _packed_weight(w: Workload, cfg: Config, kp: int, np_: int) -> tuple[Any, Callable[[Any, Any], Any]]:
     """The packed weight's placeholder and W[n, k] expressed on it (see `pack`)."""
     from tvm import te
 
     nb, kb = _LAYOUT_SHAPE[cfg[LAYOUT]]
-    Wp = te.placeholder((np_ // nb, kp // kb, nb, kb), "int8", name="Wp")
+    Wp = te.placeholder((np_ // nb, kp // kb, nb, kb), _weight_dtype(w), name="Wp")
     return Wp, lambda j, k: Wp[j // nb, k // kb, j % nb, k % kb]
 
 
@@ -177,7 +185,7 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
         _vector_tile(sch, c, cfg, (ci, cj, ck), kp)
     sch.vectorize(jii)
     if out_qmax:
-        _quantize_rows(sch, outer)
+        _quantize_rows(sch, outer, np_)
 
 
 def _vector_tile(sch: Any, c: Any, cfg: Config, loops: tuple[Any, Any, Any], kp: int) -> None:
@@ -209,24 +217,30 @@ def _vector_tile(sch: Any, c: Any, cfg: Config, loops: tuple[Any, Any, Any], kp:
         sch.tensorize(cji, intrinsics.ensure(_INTRIN_NAME[intrin]))
 
 
-_LANES = 8  # fp32 lanes of the row max and the quantizing pass (one AVX2 register; padded rows are whole 8s)
+def _row_lanes(np_: int) -> int:
+    """fp32 lanes of the row max and the quantizing pass: 32 where the padded row allows (two AVX-512 registers:
+    two independent max chains, since a vector max waits ~4 cycles on the last), else 16 or 8 (padded rows are
+    whole 8s)."""
+    return next(lanes for lanes in (32, 16, 8) if np_ % lanes == 0)
 
 
-def _quantize_rows(sch: Any, task: Any) -> None:
+def _quantize_rows(sch: Any, task: Any, np_: int) -> None:
     """The row quantization inside each task, right after its rows' Y: the task's Y (m_block x N floats, its own
     buffer) is still in L1/L2, and the next layer's activations leave the kernel as int8 + one scale per row.
-    The row max runs in `_LANES` partial maxes (rfactor: one vector max per 8 columns), folded once per row."""
-    amax, scale, q = (sch.get_sblock(name) for name in ("amax", "S", "Q"))
-    outer, lanes = sch.split(sch.get_loops(amax)[-1], [None, _LANES])
+    The row max runs in `_row_lanes` partial maxes (rfactor: one vector max per group of columns), folded once
+    per row; the quotients come from the row's reciprocal R (compute.define's `fma_quotient`)."""
+    lanes_n = _row_lanes(np_)
+    amax, scale, recip, q = (sch.get_sblock(name) for name in ("amax", "S", "R", "Q"))
+    outer, lanes = sch.split(sch.get_loops(amax)[-1], [None, lanes_n])
     partial = sch.rfactor(lanes, 1)  # before moving: rfactor wants the reduction alone in its loops
-    for block in (partial, amax, scale, q):
+    for block in (partial, amax, scale, recip, q):
         sch.reverse_compute_at(block, task, preserve_unit_loops=True)  # the loops below stay nameable
     lanes, rows, outer = sch.get_loops(partial)[-3:]  # rfactor put the lanes outermost
     sch.reorder(rows, outer, lanes)
     sch.reorder(*sch.get_loops(amax)[-2:][::-1])  # the fold: rows outer, each row's lanes inner
     sch.vectorize(lanes)  # before decomposing: the update block alone is not a reduction
     sch.vectorize(sch.get_loops(sch.decompose_reduction(partial, outer))[-1])
-    sch.vectorize(sch.split(sch.get_loops(q)[-1], [None, _LANES])[1])
+    sch.vectorize(sch.split(sch.get_loops(q)[-1], [None, lanes_n])[1])
 
 
 def lower(w: Workload, cfg: Config, target: Any, out_qmax: int = 0) -> Any:

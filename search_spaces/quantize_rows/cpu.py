@@ -3,8 +3,8 @@
 Each row is read twice: a max |x| pass (vector accumulators, folded into one scalar at the end), then the
 quantizing pass, which reads the row again from L1 (a row of a few KB stays there) and writes q. Columns are
 compiled in (whole vectors, then a scalar tail for ragged widths); rows are symbolic, so one kernel serves any
-batch. The quotient is a vector division (vdivps), not a multiply by the reciprocal: it must equal PyTorch's
-x / scale in the last bit (workload.py). Rounding is `T.round`, which TVM lowers to `llvm.nearbyint` on this
+batch. The quotient must equal PyTorch's x / scale in the last bit (workload.py): it is the division's own
+bits, computed from the row's reciprocal with two FMAs (quotient.py), a fraction of a vector division's cost. Rounding is `T.round`, which TVM lowers to `llvm.nearbyint` on this
 target (half to even, as torch.round; one vroundps per vector): `T.nearbyint`, the same operation, is not
 vectorizable in TVM's VectorizeLoop, which turns the whole quantizing loop back into scalar code (LLVM then
 re-vectorizes it across vectors with strided shuffles: 2-3x slower, measured).
@@ -16,6 +16,7 @@ import functools
 from typing import Any
 
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
+from .quotient import exact_quotient
 from .workload import EPS, Workload
 
 # ---- knobs --------------------------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
                 T.reads(x[vr, 0:C])
                 T.writes(q[vr, 0:C], scale[vr])
                 acc = T.sblock_alloc_buffer((NA * VL,), "float32")
-                s = T.sblock_alloc_buffer((1,), "float32")
+                s = T.sblock_alloc_buffer((2,), "float32")  # the scale and its reciprocal
                 for a in T.unroll(NA):
                     for l in T.vectorized(VL):
                         acc[a * VL + l] = T.float32(0)
@@ -123,17 +124,18 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
                 for l in T.vectorized(2):
                     acc[l] = T.max(acc[l], acc[2 + l])
                 s[0] = T.max(T.max(acc[0], acc[1]), T.float32(EPS)) / T.float32(w.qmax)
+                s[1] = T.float32(1) / s[0]
                 scale[vr] = s[0]
                 if NV > 0:
                     for v0 in range(NQ):
                         for v1 in T.unroll(QU):
                             for l in T.vectorized(VL):
-                                q[vr, (v0 * QU + v1) * VL + l] = T.Cast("int8", T.max(T.min(T.round(
-                                    x[vr, (v0 * QU + v1) * VL + l] / s[0]), T.float32(w.qmax)), T.float32(-w.qmax)))
+                                q[vr, (v0 * QU + v1) * VL + l] = T.Cast("int8", T.max(T.min(T.round(exact_quotient(
+                                    x[vr, (v0 * QU + v1) * VL + l], s[0], s[1])), T.float32(w.qmax)), T.float32(-w.qmax)))
                 if TAIL > 0:
                     for t in T.unroll(TAIL):
                         q[vr, NV * VL + t] = T.Cast("int8", T.max(T.min(T.round(
-                            x[vr, NV * VL + t] / s[0]), T.float32(w.qmax)), T.float32(-w.qmax)))
+                            exact_quotient(x[vr, NV * VL + t], s[0], s[1])), T.float32(w.qmax)), T.float32(-w.qmax)))
 
     return tvm.IRModule({"main": main})
 

@@ -154,19 +154,66 @@ def test_cpu_space_follows_the_row_width_and_lower_refuses_bad_configs(host):
         qr.lower(qr.Workload(rows=4, cols=40), raw, host.target())
 
 
-def test_cpu_kernel_divides_and_vectorises(host):
-    """The quotient is a vector division (a reciprocal multiply is not bit-exact) and rounding vectorises in
-    TVM: a scalarized quantizing loop comes back from LLVM's loop vectorizer as strided shuffles (2-3x slower)."""
+def test_cpu_kernel_takes_fma_quotients_and_vectorises(host):
+    """The quotient is the row's reciprocal and two FMAs (quotient.py: a division's bits without vdivps) and
+    rounding vectorises in TVM: a scalarized quantizing loop comes back from LLVM's loop vectorizer as strided
+    shuffles (2-3x slower)."""
     import tvm
 
-    if "avx" not in cpu_flags():  # the CPU's own flags: the assembly under test must not decide the skip
-        pytest.skip(f"no AVX on {host.name}")
+    if "fma" not in cpu_flags():  # the CPU's own flags: the assembly under test must not decide the skip
+        pytest.skip(f"no FMA on {host.name}")
     w = qr.Workload(rows=16, cols=64)
     mod = cpu.lower(w, cpu.space(w, host.target()).default(), host.target())
     asm = tvm.compile(mod, target=host.target()).mod.inspect_source("asm")
-    assert "vdivps" in asm, "no vector division on a CPU with AVX"
-    assert "vroundps" in asm and "vrcpps" not in asm
+    assert "vdivps" not in asm and "vfnmadd" in asm, "the quantizing loop divides"
+    assert "vroundps" in asm or "vrndscaleps" in asm
+    assert "vrcpps" not in asm and "vrcp14ps" not in asm  # an approximate reciprocal is not the IEEE quotient
     assert "vunpcklps" not in asm and "vshufps" not in asm, "strided shuffles: TVM scalarized the rounding"
+
+
+def _quotient_kernel(host, correct: bool = True):
+    """x / s element-wise through quotient.exact_quotient (r = 1 / s per element), or x * r if not `correct`."""
+    import tvm
+    from tvm import te
+
+    from search_spaces.quantize_rows.quotient import exact_quotient
+
+    n = te.var("n")
+    x, s = te.placeholder((n,), "float32", name="x"), te.placeholder((n,), "float32", name="s")
+    r = te.compute((n,), lambda i: tvm.tirx.const(1.0, "float32") / s[i], name="r")
+    q = te.compute((n,), lambda i: exact_quotient(x[i], s[i], r[i]) if correct else x[i] * r[i], name="q")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, s, q]))
+    sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("q"))[0], [None, 16])[1])
+    return tvm.compile(sch.mod, target=host.target())
+
+
+def test_fma_quotient_is_the_ieee_division_bit_for_bit(host):
+    """Quotients of the magnitudes quantizing meets (|x / s| up to 255, scales from 1e-12 / 255 to 1e30), values
+    a hair from .5 boundaries, tiny x, random bit patterns: the FMA quotient equals numpy's division everywhere
+    the rounded result can depend on it, while the plain reciprocal product misses thousands of them."""
+    import tvm
+
+    rng = np.random.default_rng(0)
+    n = 1 << 21
+    s = (10.0 ** rng.uniform(-14, 30, n)).astype(np.float32)
+    x = (rng.uniform(-255, 255, n) * s).astype(np.float32)
+    k = rng.integers(-255, 255, n // 4) + 0.5  # .5 boundaries and their float32 neighbours
+    x[: n // 4] = np.nextafter((k * s[: n // 4]).astype(np.float32), rng.choice([-np.inf, np.inf], n // 4))
+    x[n // 4: n // 4 + 1000] = rng.uniform(-1, 1, 1000).astype(np.float32) * np.float32(1e-38)  # subnormal range
+    bits = rng.integers(0, 2**32, n // 4, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x[-n // 4:] = np.where(np.isfinite(bits) & (np.abs(bits) < 1e30), bits, 1.0)
+    want = x / s
+    finite = np.isfinite(want)
+    got, crude = (np.empty(n, np.float32) for _ in range(2))
+    for out, correct in ((got, True), (crude, False)):
+        res = tvm.runtime.tensor(out)
+        _quotient_kernel(host, correct)(tvm.runtime.tensor(x), tvm.runtime.tensor(s), res)
+        out[:] = res.numpy()
+    # below |x / s| = 2^-50 a subnormal remainder may move the last bit; such quotients round to 0 either way
+    significant = finite & (np.abs(want) >= 2.0**-50)
+    assert np.array_equal(got[significant], want[significant])
+    assert np.array_equal(np.rint(got[finite]), np.rint(want[finite]))
+    assert (crude[significant] != want[significant]).sum() > 1000  # the inputs tell a reciprocal product apart
 
 
 # ---- the torch op -------------------------------------------------------------------------------------------
