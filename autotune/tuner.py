@@ -330,18 +330,49 @@ def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequen
         tasks.pop(mine, None)
         return [r for r in (records.best(current, *key) for key in tasks) if r is not None]
 
-    names = {k.name for k in task.space.knobs}
+    return taken_configs(task, [*reversed(bests(own)), *bests(transfer)])
+
+
+def taken_configs(task: Task, recs: Iterable[records.Record]) -> list[Config]:
+    """The configs of `recs` that `task`'s space takes, in order, each once: records of its operator's other
+    shapes, or of an operator whose knobs include its own (knobs this space lacks dropped: qmatmul's n_block,
+    where qmatmul_requant's epilogue needs whole rows); values it refuses drop the record."""
+    space = task.space
+    names = {k.name for k in space.knobs}
     out: list[Config] = []
-    for r in [*reversed(bests(own)), *bests(transfer)]:
+    for r in recs:
         if not names <= set(r.config):
             continue
-        try:  # knobs this space lacks dropped (qmatmul's n_block: qmatmul_requant's epilogue needs whole rows)
-            cfg = task.space.from_json({k: v for k, v in r.config.items() if k in names})
+        try:
+            cfg = space.from_json({k: v for k, v in r.config.items() if k in names})
         except InvalidConfig:
             continue
         if cfg not in out:
             out.append(cfg)
     return out
+
+
+def try_configs(task: Task, configs: Sequence[Config], log: TuningLog, builder: Builder, runner: Runner,
+                include_stale: bool = False) -> list[records.Record]:
+    """Measure those of `configs` that `task`'s log has not (e.g. what won its operator's other tasks, tuned
+    after it: `taken_configs`), appending the outcomes to `log`. Where one beats the task's best, both are
+    measured once more, so the best stays the config whose pooled measurements are fastest (as `tune`'s
+    confirmation), not a single lucky run. Returns the new records."""
+    done = {r.config_key for r in log.resume_set(task, include_stale=include_stale)}
+    todo = list(dict.fromkeys(c for c in configs if c.key() not in done))
+    if not todo:
+        return []
+    before = log.best(task, include_stale)
+    new = [_to_record(task, m) for m in runner.measure(task, builder.build(task, todo))]
+    log.append(new)
+    won = [r for r in new if r.ok and (before is None or r.latency < before.latency)]
+    if won and before is not None:
+        leader = min(won, key=lambda r: r.latency)
+        again = [task.space.from_json(leader.config), task.space.from_json(before.config)]
+        confirmed = [_to_record(task, m) for m in runner.measure(task, builder.build(task, again))]
+        log.append(confirmed)
+        new += confirmed
+    return new
 
 
 def _unexplored_paths(task: Task, recs: Sequence[records.Record], include_stale: bool) -> list[tuple[Any, ...]]:

@@ -725,3 +725,61 @@ def test_a_layer_left_in_fp32_says_why_each_reduced_precision_rule_left_it():
     assert why == ("qmatmul_int8: out_features 1 < 8: too few outputs for int8 to pay off; "
                    "dense_linear_bf16: slower: 0.05 ms vs PyTorch 0.04 ms")
     assert _why_kept(layer, kept[1:2], {"qmatmul_int8"}) == "its site was not rewritten"
+
+
+def test_tasks_measure_the_best_config_a_sibling_found_after_them(tmp_path):
+    """Tasks are tuned as the rewrites need them, so one tuned early never saw what a sibling found later: each
+    then measures the siblings' best configs it lacks (once, a sibling being just tuned), and keeps the faster
+    after measuring the winner and its old best again. A round that tuned nothing shares nothing."""
+    import random
+
+    from autotune import records
+    from autotune.build import Built
+    from autotune.measure import Measured
+    from autotune.task import make_task
+    from autotune.torch.tune_model import TaskReport, _key, _Logs, _share_bests
+
+    shapes = [dict(rows=400, dim=16, batch=32, pooling=(0, 12)), dict(rows=500, dim=16, batch=32, pooling=(0, 12))]
+    early, late = (make_task("embedding_bag", "cpu", **f) for f in shapes)
+    cfgs = list(dict.fromkeys(early.space.sample(random.Random(i)) for i in range(8)))
+    mine, found = cfgs[0], cfgs[1]  # each task's own best; `found` runs `early` twice as fast as `mine`
+    speed = {(early.workload_key, found.key()): 1e-4, (early.workload_key, mine.key()): 2e-4,
+             (late.workload_key, mine.key()): 5e-4}
+    records.append(tmp_path / "embedding_bag.jsonl",
+                   [early.record(mine, costs=(2e-4,)), early.record(cfgs[2], costs=(3e-4,)),
+                    late.record(found, costs=(1e-4,))])
+    measured: list[tuple[str, str]] = []
+
+    class Pools:  # the build pool and measure worker, faked: each config's time is `speed`'s
+        def builder(self):
+            return self
+
+        def runner(self):
+            return self
+
+        def build(self, task, configs):
+            return [Built(c, None, 0.0) for c in configs]
+
+        def measure(self, task, built):
+            measured.extend((task.workload_key, b.config.key()) for b in built)
+            return [Measured(b, (speed[task.workload_key, b.config.key()],)) for b in built]
+
+    logs = _Logs(tmp_path)
+    reports = []
+    for task, f, n in ((early, shapes[0], 2), (late, shapes[1], 1)):
+        t = TaskReport(op="embedding_bag", fields=f, workload_key=_key("embedding_bag", f)[1], measured=n)
+        t.record = logs.own("embedding_bag").best(task)
+        t.best_s = t.record.latency
+        reports.append(t)
+    _share_bests(reports, reports[1:], "cpu", logs, False, False, Pools())
+    # `early` measured `found` (faster: then both again), `late` measured `mine` (slower: once)
+    assert sorted(measured) == sorted([(early.workload_key, found.key()), (early.workload_key, found.key()),
+                                       (early.workload_key, mine.key()), (late.workload_key, mine.key())])
+    assert reports[0].record.config_key == found.key() and reports[0].best_s == pytest.approx(1e-4)
+    assert reports[1].record.config_key == found.key() and reports[1].measured == 1 + 1
+    measured.clear()
+    _share_bests(reports, reports[1:], "cpu", logs, False, False, Pools())  # nothing new to measure
+    for t in reports:
+        t.measured = 0
+    _share_bests(reports, reports, "cpu", logs, False, False, Pools())  # nothing tuned this round
+    assert measured == []

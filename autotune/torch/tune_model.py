@@ -329,6 +329,7 @@ def _rewritten(job: _Job, workers: "_Workers", floors: dict[str, str]) -> tuple[
     new = _new_tasks(job.report, [*found.matches, *found.alternatives], job.times)
     if new:
         _tune_all(new, job.device, job.logs, job.trials, job.shipped, job.progress, workers)
+        _share_bests(job.report.tasks, new, job.device, job.logs, job.shipped, job.progress, workers)
         best = [t.record for t in job.report.tasks if t.record is not None]
         if best:
             job.report.package, exported = _package(best, job.log_dir / "package", workers)
@@ -501,6 +502,50 @@ def _tune_task(t: TaskReport, device: str, logs: _Logs, trials: int, shipped: bo
                           stacklevel=3)
             t.why = f"tuning failed: {type(err).__name__}: {err}"
             return
+    _pick_record(t, task, logs, shipped)
+
+
+def _share_bests(tasks: list[TaskReport], new: list[TaskReport], device: str, logs: _Logs, shipped: bool,
+                 progress: bool, workers: _Workers) -> None:
+    """Each task measures the best configs of this call's other tasks its space takes (`tuner.taken_configs`:
+    its operator's, or qmatmul's for qmatmul_requant) where one of the two was just tuned (measured something
+    in this round: resumed tasks have shared before), and takes the faster one. Tasks are tuned as the rewrites need them, so one tuned early never saw what a sibling tuned
+    later found: with 8 trials, DLRM's fused kernel over int8 rows kept a SIMD config (1.24-1.33 ms) while the
+    AMX config its fp16-row sibling found later runs it at 0.98-1.01 (benchmarks/WHOLE_MODEL.md)."""
+    from tqdm import tqdm
+
+    from ..task import make_task
+    from ..tuner import taken_configs, try_configs
+
+    fresh = {id(t) for t in new if t.measured}
+    found = [(t, t.record) for t in tasks]  # what each had found before this round
+    for t in tasks:
+        if t.why.startswith("tuning failed"):
+            continue
+        given = [rec for s, rec in found if s is not t and rec is not None and (id(t) in fresh or id(s) in fresh)]
+        if not given:
+            continue
+        task = make_task(t.op, device, **t.fields)
+        try:
+            measured = try_configs(task, taken_configs(task, given), logs.own(t.op), workers.builder(),
+                                   workers.runner())
+        except Exception as err:  # noqa: BLE001 -- the task keeps the kernel it has
+            warnings.warn(f"tune_model: measuring other tasks' best configs on {t.op} {t.fields} failed: "
+                          f"{type(err).__name__}: {err}", stacklevel=3)
+            continue
+        if measured:
+            t.measured += len(measured)
+            before = t.best_s
+            _pick_record(t, task, logs, shipped)
+            if progress and t.best_s is not None and (before is None or t.best_s < before):
+                tqdm.write(f"tune_model: {t.op} {','.join(f'{k}={_text(v)}' for k, v in t.fields.items())}: "
+                           f"another task's best config runs it in {ms(t.best_s)}"
+                           f"{f' ({ms(before)} before)' if before is not None else ''}")
+
+
+def _pick_record(t: TaskReport, task: Any, logs: _Logs, shipped: bool) -> None:
+    """The task's kernel: the best record of its log, or the shipped one where that is faster."""
+    log = logs.own(t.op)
     rec = log.best(task)
     t.source = "tuned"
     if shipped:
@@ -511,7 +556,7 @@ def _tune_task(t: TaskReport, device: str, logs: _Logs, trials: int, shipped: bo
         t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log.paths[0]})"
         t.source = ""
         return
-    t.record, t.best_s = rec, rec.latency
+    t.record, t.best_s, t.why = rec, rec.latency, ""
 
 
 def _ready(tasks: list[TaskReport]) -> Any:
