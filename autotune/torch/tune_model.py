@@ -535,9 +535,9 @@ def _share_bests(tasks: list[TaskReport], new: list[TaskReport], device: str, lo
             continue
         if measured:
             t.measured += len(measured)
-            before = t.best_s
+            before, had = t.best_s, t.record
             _pick_record(t, task, logs, shipped)
-            if progress and t.best_s is not None and (before is None or t.best_s < before):
+            if progress and t.record is not None and (had is None or t.record.config_key != had.config_key):
                 tqdm.write(f"tune_model: {t.op} {','.join(f'{k}={_text(v)}' for k, v in t.fields.items())}: "
                            f"another task's best config runs it in {ms(t.best_s)}"
                            f"{f' ({ms(before)} before)' if before is not None else ''}")
