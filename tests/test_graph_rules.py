@@ -532,8 +532,8 @@ class Unbalanced(nn.Module):
 
 
 def test_layers_with_outlier_columns_are_smoothed_exactly(monkeypatch):
-    """SmoothQuant: x / s, w * s. The chain's head divides its input (one mul); the next layer's division is
-    folded into the head's weight rows and bias. Smoothing cuts the int8 error on held-out inputs, and each
+    """SmoothQuant: x / s, w * s. The chain's head has quantize_rows multiply its input by 1 / s as it quantizes
+    it (no mul node on a CPU); the next layer's division is folded into the head's weight rows and bias. Smoothing cuts the int8 error on held-out inputs, and each
     layer's simulation (what the accuracy contract measures) is what the kernels compute."""
     import search_spaces.qmatmul.graph as G
 
@@ -552,7 +552,9 @@ def test_layers_with_outlier_columns_are_smoothed_exactly(monkeypatch):
             continue
         assert smoothed[:2] == [True, True] and "smoothed)" in match.what, [r.what for r in match.reduced]
         muls = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
-        assert len(muls) == 2  # the model's own scaling, then the head's 1 / s: the folds cost nothing
+        assert len(muls) == 1  # the model's own scaling: the head's 1 / s is quantize_rows', the folds free
+        (quantize,) = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.quantize_rows.default]
+        assert quantize.args[2] is not None and dict(match.tasks)["quantize_rows"]["smooth"] is True
         with torch.no_grad():  # the contract's simulation of the three layers is the kernels' arithmetic
             h = held[0] * model.columns
             for layer, r, relu in zip((model.first, model.second, model.last), match.reduced, (True, True, False)):

@@ -19,7 +19,8 @@ divided column by column by s and its weight's columns multiplied by s, exact in
 from the activations (quantized per row) to the weights (per channel). s is picked on the example inputs and kept
 only where it lowers the layer's own int8 error there. Inside a chain the division is folded into the previous
 layer's output channels (its weight rows and bias, exact under its ReLU and its per-channel weight scales): free
-at run time; a chain's first layer multiplies its input by 1/s before quantize_rows (one pass over it).
+at run time; a chain's first layer has quantize_rows multiply its input by 1/s as it quantizes it (CPUs; on GPUs
+a multiply before it).
 
 A chain layer whose input is the previous layer's ReLU output takes it as uint8 rows in [0, 255] (qmatmul's
 uint8 mode, the requant epilogue's out_qmax 255) on CPUs with VNNI: all 256 levels for values a ReLU leaves >= 0,
@@ -107,6 +108,7 @@ class _Layer:
     bias: bool
     a_bits: int
     small: str  # why int8 activations would not pay off here ("" when they would)
+    on_cpu: bool = True  # CPUs quantize a smoothed input in the same pass (quantize_rows' `smooth`)
     # both settled once the layer's place in its chain is known (`_settled`):
     smooth: torch.Tensor | None = None  # the input columns' divisors (SmoothQuant), None where not smoothed
     unsigned: bool = False  # its input is the previous chain layer's ReLU output, as uint8 rows in [0, 255]
@@ -191,7 +193,8 @@ def _layer(gm: Any, values: dict[str, Any], linear: Any, claimed: set[Any]) -> _
     relu = sole_user(linear, *RELUS)
     if relu is not None and relu in claimed:
         relu = None
-    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, activation_bits(xv.device), _why_not(k, n))
+    return _Layer(linear, relu, xv.shape[0], k, n, b is not None, activation_bits(xv.device), _why_not(k, n),
+                  xv.device.type == "cpu")
 
 
 def _feeds(layer: _Layer, nxt: _Layer) -> bool:
@@ -253,12 +256,15 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
             if first.small:  # weight-only head: float32 in, no a_scale
                 a, a_scale = x, None
             else:
+                smooth = None
                 if first.smooth is not None:  # the head's smoothing: its input divided by s (times 1 / s)
-                    inverse = register(gm, "autotune_smooth", 1 / first.smooth)
-                    x = gm.graph.call_function(aten.mul.Tensor, (x, inverse))
-                    for node in (inverse, x):
-                        node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
-                qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default, (x, a_range(first.a_bits)[1]))
+                    smooth = register(gm, "autotune_smooth", 1 / first.smooth)
+                    smooth.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
+                    if not first.on_cpu:  # on a GPU, a multiply before the quantize kernel
+                        x, smooth = gm.graph.call_function(aten.mul.Tensor, (x, smooth)), None
+                        x.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
+                qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default,
+                                            (x, a_range(first.a_bits)[1], smooth))
                 a = gm.graph.call_function(operator.getitem, (qs, 0))
                 a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
                 for node in (qs, a, a_scale):
@@ -350,7 +356,9 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if why:
             yield Kept(RULE, where(nodes), why)
             continue
-        tasks = [("quantize_rows", dict(rows=chain[0].m, cols=chain[0].k, qmax=a_range(chain[0].a_bits)[1]))]
+        head = chain[0]
+        tasks = [("quantize_rows", dict(rows=head.m, cols=head.k, qmax=a_range(head.a_bits)[1],
+                                        **({"smooth": True} if head.smooth is not None and head.on_cpu else {})))]
         tasks = (tasks if not chain[0].small else []) + plan
         ref = tensor_value(gm, values, chain[-1].out)
         scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0

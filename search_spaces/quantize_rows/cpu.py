@@ -33,8 +33,8 @@ MAX_CHAINS = Choice("max_chains", (2, 1, 4, 8), doc=(
     "Independent accumulator vectors of the max |x| pass: one chain waits for each vmaxps's latency, several "
     "keep the loads and maxes in flight. Folded together once per row."))
 QUANT_UNROLL = Choice("quant_unroll", (2, 1, 4), doc=(
-    "Unroll of the quantizing pass over vectors: independent divisions overlap (vdivps has a long latency "
-    "and a throughput of one every few cycles), against code size. Must divide the row's whole vectors."))
+    "Unroll of the quantizing pass over vectors: independent quotients (a multiply and two dependent FMAs "
+    "each) overlap, against code size. Must divide the row's whole vectors."))
 
 
 def _require_cpu(target: Any) -> None:
@@ -81,17 +81,19 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
     QU = quant_unroll
     NQ = NV // QU
 
-    @T.prim_func(s_tir=True)
-    def main(x_: T.handle, q_: T.handle, s_: T.handle):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        B = T.int64()
-        x = T.match_buffer(x_, (B, C), "float32")
-        q = T.match_buffer(q_, (B, C), "int8")
-        scale = T.match_buffer(s_, (B,), "float32")
+    def value(x: Any, c: Any, vr: Any, col: Any) -> Any:
+        """x[vr, col], times its column's factor where the workload smooths (rounded as PyTorch's multiply)."""
+        return x[vr, col] if c is None else x[vr, col] * c[col]
+
+    def read(x: Any, c: Any, vr: Any) -> list[Any]:
+        return [x[vr, 0:C]] + ([] if c is None else [c[0:C]])
+
+    @T.macro
+    def rows(x, c, q, scale, B):
         for r in range(B):
             with T.sblock("row"):
                 vr = T.axis.spatial(B, r)
-                T.reads(x[vr, 0:C])
+                T.reads(read(x, c, vr))
                 T.writes(q[vr, 0:C], scale[vr])
                 acc = T.sblock_alloc_buffer((NA * VL,), "float32")
                 s = T.sblock_alloc_buffer((2,), "float32")  # the scale and its reciprocal
@@ -99,17 +101,19 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
                     for l in T.vectorized(VL):
                         acc[a * VL + l] = T.float32(0)
                 if NC > 0:
-                    for c in range(NC):
+                    for k in range(NC):
                         for a in T.unroll(NA):
                             for l in T.vectorized(VL):
-                                acc[a * VL + l] = T.max(acc[a * VL + l], T.fabs(x[vr, (c * NA + a) * VL + l]))
+                                acc[a * VL + l] = T.max(acc[a * VL + l],
+                                                        T.fabs(value(x, c, vr, (k * NA + a) * VL + l)))
                 if NREM > 0:
                     for v in T.unroll(NREM):
                         for l in T.vectorized(VL):
-                            acc[v * VL + l] = T.max(acc[v * VL + l], T.fabs(x[vr, (NC * NA + v) * VL + l]))
+                            acc[v * VL + l] = T.max(acc[v * VL + l],
+                                                    T.fabs(value(x, c, vr, (NC * NA + v) * VL + l)))
                 if TAIL > 0:
                     for t in T.unroll(TAIL):
-                        acc[t] = T.max(acc[t], T.fabs(x[vr, NV * VL + t]))
+                        acc[t] = T.max(acc[t], T.fabs(value(x, c, vr, NV * VL + t)))
                 if NA > 1:
                     for a in T.unroll(NA - 1):
                         for l in T.vectorized(VL):
@@ -131,11 +135,33 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
                         for v1 in T.unroll(QU):
                             for l in T.vectorized(VL):
                                 q[vr, (v0 * QU + v1) * VL + l] = T.Cast("int8", T.max(T.min(T.round(exact_quotient(
-                                    x[vr, (v0 * QU + v1) * VL + l], s[0], s[1])), T.float32(w.qmax)), T.float32(-w.qmax)))
+                                    value(x, c, vr, (v0 * QU + v1) * VL + l), s[0], s[1])), T.float32(w.qmax)),
+                                    T.float32(-w.qmax)))
                 if TAIL > 0:
                     for t in T.unroll(TAIL):
                         q[vr, NV * VL + t] = T.Cast("int8", T.max(T.min(T.round(
-                            exact_quotient(x[vr, NV * VL + t], s[0], s[1])), T.float32(w.qmax)), T.float32(-w.qmax)))
+                            exact_quotient(value(x, c, vr, NV * VL + t), s[0], s[1])), T.float32(w.qmax)),
+                            T.float32(-w.qmax)))
+
+    if w.smooth:
+        @T.prim_func(s_tir=True)
+        def main(x_: T.handle, c_: T.handle, q_: T.handle, s_: T.handle):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            B = T.int64()
+            x = T.match_buffer(x_, (B, C), "float32")
+            c = T.match_buffer(c_, (C,), "float32")
+            q = T.match_buffer(q_, (B, C), "int8")
+            scale = T.match_buffer(s_, (B,), "float32")
+            rows(x, c, q, scale, B)
+    else:
+        @T.prim_func(s_tir=True)
+        def main(x_: T.handle, q_: T.handle, s_: T.handle):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            B = T.int64()
+            x = T.match_buffer(x_, (B, C), "float32")
+            q = T.match_buffer(q_, (B, C), "int8")
+            scale = T.match_buffer(s_, (B,), "float32")
+            rows(x, None, q, scale, B)
 
     return tvm.IRModule({"main": main})
 

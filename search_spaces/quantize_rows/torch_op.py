@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -21,35 +21,42 @@ from .workload import QMAX, Workload, inputs, quantize_rows as _quantize_rows
 __all__ = ["BINDING", "quantize_rows"]
 
 
-def quantize_rows(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
+def quantize_rows(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, validate: bool = True
+                  ) -> tuple[Tensor, Tensor]:
     """Symmetric int8 per row of a (rows, cols) float32 x: (q = round(x / scale) in [-qmax, qmax] (half to
-    even), scale = max(max |x_row|, 1e-12) / qmax, float32 (rows,)). qmax=63: 7-bit activations."""
-    return _quantize_rows(x, qmax)
+    even), scale = max(max |x_row|, 1e-12) / qmax, float32 (rows,)). qmax=63: 7-bit activations. `smooth`
+    (cols,): x * smooth is quantized instead, in the same pass (a smoothed int8 layer's input, SmoothQuant)."""
+    return _quantize_rows(x, qmax, smooth)
 
 
-def fake(x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
+def fake(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, validate: bool = True
+         ) -> tuple[Tensor, Tensor]:
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
-def route(x: Tensor, qmax: int = QMAX, validate: bool = True) -> Route | str:
+def route(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, validate: bool = True) -> Route | str:
     if x.dim() != 2:  # validate=False skips check: route must not index a shape that is not there
         return f"x must be 2-D, got shape {tuple(x.shape)}"
     if x.dtype != torch.float32 or not x.is_contiguous():
         return f"kernels take contiguous float32, got {x.dtype}" + ("" if x.is_contiguous() else " (strided)")
-    return Route((x.shape[1], qmax), x.shape[0])
+    if smooth is not None and x.device.type != "cpu":
+        return "smoothing factors are fused on CPUs only"
+    return Route((x.shape[1], qmax, smooth is not None), x.shape[0])
 
 
-def run(chunks: Sequence[Any], x: Tensor, qmax: int = QMAX, validate: bool = True) -> tuple[Tensor, Tensor]:
-    return chunks[0].kernel(x)  # the kernel was compiled for this qmax: route matched it
+def run(chunks: Sequence[Any], x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None,
+        validate: bool = True) -> tuple[Tensor, Tensor]:
+    # the kernel was compiled for this qmax and for smoothing or not: route matched them
+    return chunks[0].kernel(x) if smooth is None else chunks[0].kernel(x, smooth)
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.cols, w.qmax)
+    return (w.cols, w.qmax, w.smooth)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    cols, qmax = signature
-    return f"cols={cols} qmax={qmax}"
+    cols, qmax, smooth = signature
+    return f"cols={cols} qmax={qmax}" + (" smooth" if smooth else "")
 
 
 def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
@@ -59,8 +66,10 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
     def x_of(rows: int, s: int) -> Tensor:
         return inputs(dataclasses.replace(w, rows=rows), s)[0]
 
+    factors = inputs(w, seed)[1] if w.smooth else None  # one set of factors: a model's are fixed
+
     def call(name: str, x: Tensor) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-        return name, (x,), {"qmax": w.qmax}
+        return name, (x,), {"qmax": w.qmax, **({"smooth": factors} if w.smooth else {})}
 
     rng = random.Random(seed)
     out = [call(f"rows={r}" + (" (tuned)" if r == w.rows else ""), x_of(r, seed + i))

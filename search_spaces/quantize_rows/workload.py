@@ -9,7 +9,9 @@ full-range activations overflow (FBGEMM's `reduce_range` exists for the same rea
 correctly rounded IEEE operation, so a kernel that divides (and rounds half to even, as torch.round does)
 reproduces PyTorch bit for bit: the tolerance is zero. Multiplying by the reciprocal instead differs in the last
 bit of x / scale, which moves q by one where the quotient sits at a .5 boundary. Inputs are finite: NaN and
-infinities have no meaningful int8 image (PyTorch's cast of NaN is undefined).
+infinities have no meaningful int8 image (PyTorch's cast of NaN is undefined). With `smooth`, x is first
+multiplied by a float32 factor per column (one rounding, as `x * smooth` in PyTorch): a smoothed int8 layer's
+input (SmoothQuant) quantized in the same pass, the product never written.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class Workload(_Workload):
     rows: int
     cols: int
     qmax: int = QMAX
+    # x's columns multiplied by a factor each before quantizing (SmoothQuant's 1/s for the next int8 layer,
+    # fused: the product is rounded as PyTorch's multiply rounds it, and never written out)
+    smooth: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rows", "cols", "qmax"):
@@ -45,13 +50,19 @@ class Workload(_Workload):
                 raise WorkloadError(f"{name} must be >= 1, got {value}")
         if not QMIN <= self.qmax <= QMAX:
             raise WorkloadError(f"qmax must be in [{QMIN}, {QMAX}] (q is int8, symmetric), got {self.qmax}")
+        if not isinstance(self.smooth, bool):
+            raise WorkloadError(f"smooth must be a bool, got {self.smooth!r}")
 
 
-def quantize_rows(x: Any, qmax: int = QMAX) -> tuple[Any, Any]:
-    """The semantics on a tensor (any rows, device): (q int8 in [-qmax, qmax], scale float32 per row).
+def quantize_rows(x: Any, qmax: int = QMAX, smooth: Any = None) -> tuple[Any, Any]:
+    """The semantics on a tensor (any rows, device): (q int8 in [-qmax, qmax], scale float32 per row) of x, or of
+    `x * smooth` (a factor per column) where given.
 
     The torch op's PyTorch implementation and the reference kernels are checked against."""
     import torch
+
+    if smooth is not None:
+        x = x * smooth
 
     amax = x.abs().amax(dim=1).clamp_min(EPS)
     # divided by a tensor, not a Python number: on a GPU PyTorch turns division by a scalar into a multiplication
@@ -67,24 +78,27 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
 
     gen = torch.Generator().manual_seed(seed)
     magnitude = torch.pow(10.0, torch.empty(w.rows, 1).uniform_(-3, 3, generator=gen))
-    return (torch.randn(w.rows, w.cols, generator=gen) * magnitude,)
+    x = torch.randn(w.rows, w.cols, generator=gen) * magnitude
+    # smoothing factors as SmoothQuant's span: a decade each way
+    return (x, torch.pow(10.0, torch.empty(w.cols).uniform_(-1, 1, generator=gen))) if w.smooth else (x,)
 
 
-def reference(w: Workload, x: Any) -> tuple[Any, Any]:
-    return quantize_rows(x, w.qmax)
+def reference(w: Workload, x: Any, smooth: Any = None) -> tuple[Any, Any]:
+    return quantize_rows(x, w.qmax, smooth)
 
 
-def baselines(w: Workload, x: Any) -> dict[str, Callable[[], Any]]:
-    """PyTorch's eager paths: the reference as written (six ops, four temporaries) and the same steps with one
-    temporary updated in place (what a careful eager implementation does)."""
+def baselines(w: Workload, x: Any, smooth: Any = None) -> dict[str, Callable[[], Any]]:
+    """PyTorch's eager paths: the reference as written (six ops, four temporaries; seven and five smoothed) and
+    the same steps with one temporary updated in place (what a careful eager implementation does)."""
     import torch
 
     def in_place() -> tuple[Any, Any]:
-        scale = torch.amax(x.abs(), dim=1).clamp_min_(EPS).div_(float(w.qmax))
-        t = torch.div(x, scale[:, None])
+        y = x if smooth is None else x * smooth
+        scale = torch.amax(y.abs(), dim=1).clamp_min_(EPS).div_(float(w.qmax))
+        t = torch.div(y, scale[:, None])
         return t.round_().clamp_(-w.qmax, w.qmax).to(torch.int8), scale
 
-    return {"torch eager": lambda: quantize_rows(x, w.qmax), "torch eager (in place)": in_place}
+    return {"torch eager": lambda: quantize_rows(x, w.qmax, smooth), "torch eager (in place)": in_place}
 
 
 def pack(w: Workload, cfg: Config, *weights: Any) -> tuple[Any, ...]:
@@ -92,19 +106,21 @@ def pack(w: Workload, cfg: Config, *weights: Any) -> tuple[Any, ...]:
     return weights
 
 
-def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], x: Any) -> tuple[Sequence[Any], Any]:
-    """(x, q, scale) with the outputs allocated on x's device, and the output pair (q, scale)."""
+def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], x: Any, smooth: Any = None
+                ) -> tuple[Sequence[Any], Any]:
+    """(x, [smooth], q, scale) with the outputs allocated on x's device, and the output pair (q, scale)."""
     import torch
 
     q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
     scale = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    return [x, q, scale], (q, scale)
+    return [x, *([] if smooth is None else [smooth]), q, scale], (q, scale)
 
 
-def traffic(w: Workload, x: Any) -> Traffic:
-    """Bytes that must cross the bus once: x read (4 B), q written (1 B), one scale per row (4 B)."""
+def traffic(w: Workload, x: Any, smooth: Any = None) -> Traffic:
+    """Bytes that must cross the bus once: x read (4 B), q written (1 B), one scale per row (4 B), the factors."""
     rows = x.shape[0]
-    return Traffic(bytes=float(rows * w.cols * 5 + rows * 4), ops=0.0, unit="GB/s")
+    return Traffic(bytes=float(rows * w.cols * 5 + rows * 4 + (w.cols * 4 if w.smooth else 0)), ops=0.0,
+                   unit="GB/s")
 
 
 def tolerance(w: Workload) -> tuple[float, float]:

@@ -218,7 +218,7 @@ def test_fma_quotient_is_the_ieee_division_bit_for_bit(host):
 
 # ---- the torch op -------------------------------------------------------------------------------------------
 KERNELS = [("quantize_rows", dict(rows=8, cols=32)), ("quantize_rows", dict(rows=8, cols=32, qmax=63)),
-           ("qmatmul", dict(m=8, k=32, n=16))]
+           ("quantize_rows", dict(rows=8, cols=32, smooth=True)), ("qmatmul", dict(m=8, k=32, n=16))]
 W = qr.Workload(rows=8, cols=32)  # the op's cases: several batches, a zero row, extremes, .5 boundaries
 W7 = qr.Workload(rows=8, cols=32, qmax=63)  # the same width, 7-bit: a kernel of its own
 
@@ -280,18 +280,46 @@ def test_torch_op_routes_each_range_to_its_own_kernel(pkg):
     the 7-bit kernel, never the full-range one of the same width, positionally or by keyword."""
     cases = list(BINDING.cases(W7, 3, 2))
     assert all(kwargs == {"qmax": 63} for _, _, kwargs in cases)
-    assert all(BINDING.route(*args, **kwargs).signature == BINDING.compiled(W7) == (32, 63)
+    assert all(BINDING.route(*args, **kwargs).signature == BINDING.compiled(W7) == (32, 63, False)
                for _, args, kwargs in cases)
     with warnings.catch_warnings():
         warnings.simplefilter("error", at.NoTunedKernelWarning)
         for name, (x,), kwargs in cases:
             exact(QR(x, **kwargs), qr.reference(W7, x), name)
-            exact(QR(x, 63, False), qr.reference(W7, x), name + " (positional, validate=False)")
+            exact(QR(x, 63, None, False), qr.reference(W7, x), name + " (positional, validate=False)")
     assert calls(pkg, "quantize_rows", qmax=63) == 2 * len(cases) and calls(pkg, "quantize_rows", qmax=127) == 0
     at.ops._WARNED.clear()  # (warned once per process)
     with pytest.warns(at.NoTunedKernelWarning, match="cols=32 qmax=31"):  # no kernel of that range: PyTorch
         exact(QR(cases[0][1][0], 31), qr.reference(qr.Workload(8, 32, 31), cases[0][1][0]))
     assert calls(pkg, "quantize_rows") == 2 * len(cases)
+
+
+def test_smoothing_factors_are_multiplied_in_the_same_pass_as_pytorch_multiplies_them(pkg):
+    """`smooth`: the kernel compiled for it quantizes x * smooth bit for bit as the multiply and the quantize
+    apart do (every case: .5 boundaries of the product included), and only it serves such calls."""
+    ws = qr.Workload(rows=8, cols=32, smooth=True)
+    cases = list(BINDING.cases(ws, 3, 2))
+    factors = cases[0][2]["smooth"]
+    assert all(kwargs["smooth"] is factors for _, _, kwargs in cases)
+    boundary = half_boundaries(8, 32, 5) / factors  # x * smooth lands next to .5 boundaries
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        for name, (x,), kwargs in [*cases, ("boundaries", (boundary.contiguous(),), {"smooth": factors})]:
+            got = QR(x, **kwargs)
+            exact(got, qr.reference(ws, x, factors), name)
+            exact(got, quantize_rows(x * factors), name + " (the multiply apart)")
+    assert calls(pkg, "quantize_rows", smooth=True) == len(cases) + 1
+    assert calls(pkg, "quantize_rows", smooth=False) == 0
+    x = cases[0][1][0]
+    for bad, match, kind in ((factors[:-1], r"one factor per column, shape \(32,\), got \(31,\)", InvalidInput),
+                             (factors.double(), "float32", InvalidDtype),
+                             (torch.ones(64)[::2], "contiguous", InvalidInput)):
+        with pytest.raises(kind, match=match):
+            QR(x, smooth=bad)
+    with pytest.raises(InvalidInput, match="takes no smoothing"):
+        qr.check_inputs(W, x, factors)
+    with pytest.raises(InvalidConfig, match="CPUs only"):
+        cuda.space(ws, None)
 
 
 def test_torch_op_takes_the_range_on_the_pytorch_fallback():
