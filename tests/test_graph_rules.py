@@ -533,8 +533,9 @@ class Unbalanced(nn.Module):
 
 def test_layers_with_outlier_columns_are_smoothed_exactly(monkeypatch):
     """SmoothQuant: x / s, w * s. The chain's head has quantize_rows multiply its input by 1 / s as it quantizes
-    it (no mul node on a CPU); the next layer's division is folded into the head's weight rows and bias. Smoothing cuts the int8 error on held-out inputs, and each
-    layer's simulation (what the accuracy contract measures) is what the kernels compute."""
+    it (no mul node on a CPU); the next layer's division is folded into the head's weight rows and bias. Smoothing
+    cuts the int8 error on held-out inputs, and each layer's simulation (what the accuracy contract measures) is
+    what the kernels compute."""
     import search_spaces.qmatmul.graph as G
 
     torch.manual_seed(0)

@@ -508,10 +508,11 @@ def _tune_task(t: TaskReport, device: str, logs: _Logs, trials: int, shipped: bo
 def _share_bests(tasks: list[TaskReport], new: list[TaskReport], device: str, logs: _Logs, shipped: bool,
                  progress: bool, workers: _Workers) -> None:
     """Each task measures the best configs of this call's other tasks its space takes (`tuner.taken_configs`:
-    its operator's, or qmatmul's for qmatmul_requant) where one of the two was just tuned (measured something
-    in this round: resumed tasks have shared before), and takes the faster one. Tasks are tuned as the rewrites need them, so one tuned early never saw what a sibling tuned
-    later found: with 8 trials, DLRM's fused kernel over int8 rows kept a SIMD config (1.24-1.33 ms) while the
-    AMX config its fp16-row sibling found later runs it at 0.98-1.01 (benchmarks/WHOLE_MODEL.md)."""
+    its operator's, or qmatmul's for qmatmul_requant) where one of the two was just tuned (measured something in
+    this round: resumed tasks have shared before), and takes the faster one. Tasks are tuned as the rewrites need
+    them, so one tuned early never saw what a sibling tuned later found: with 8 trials, DLRM's fused kernel over
+    int8 rows kept a SIMD config (1.24-1.33 ms) while the AMX config its fp16-row sibling found later runs it at
+    0.98-1.01 (benchmarks/WHOLE_MODEL.md)."""
     from tqdm import tqdm
 
     from ..task import make_task

@@ -157,7 +157,8 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).float().contiguous()
         if self.mode == "int8":
-            q, scale = torch.ops.autotune.quantize_rows(a, self.qmax, validate=self.validate)  # tuned kernels where loaded
+            # tuned kernels where loaded
+            q, scale = torch.ops.autotune.quantize_rows(a, self.qmax, validate=self.validate)
             y = torch.ops.autotune.qmatmul(q, self.weight, scale, self.w_scale, self.bias, self.relu, self.a_bits,
                                            self.validate)
         else:
