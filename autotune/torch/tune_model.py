@@ -519,6 +519,8 @@ def _share_bests(tasks: list[TaskReport], new: list[TaskReport], device: str, lo
     from ..tuner import taken_configs, try_configs
 
     fresh = {id(t) for t in new if t.measured}
+    if not fresh:  # a round that tuned nothing: every pair shared before
+        return
     found = [(t, t.record) for t in tasks]  # what each had found before this round
     for t in tasks:
         if t.why.startswith("tuning failed"):

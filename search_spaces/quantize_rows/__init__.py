@@ -1,11 +1,12 @@
 """Row-wise symmetric int8 quantization of activations: (q = round(x / scale), scale = max|x_row| / qmax).
 
 The template of `search_spaces.Template`: workload.py holds the semantics (exactly PyTorch's, bit for bit: see
-there), inputs and reference; checks.py what the op accepts (imports torch); cpu.py the two-pass vector
-kernel (max |x|, then divide, round half to even, clamp, narrow) and its knobs; cuda.py a block of threads per
-row (or a warp per row, several rows a block) with a cross-thread max reduction. An int8 MLP layer (qmatmul's
-QuantLinear) quantizes its input here instead of in six eager PyTorch ops. The range is the workload's `qmax` (127; 63 gives 7-bit activations, for
-int8 kernels whose AVX2 `vpmaddubsw` would saturate on full-range ones).
+there), inputs and reference; checks.py what the op accepts (imports torch); cpu.py the two-pass vector kernel (max
+|x|, then the quotient, round half to even, clamp, narrow; quotient.py: the division's bits from two FMAs) and its
+knobs, with a smoothed layer's column factors applied in both passes (`smooth`); cuda.py a block of threads per row
+(or a warp per row, several rows a block) with a cross-thread max reduction. An int8 MLP layer (qmatmul's
+QuantLinear) quantizes its input here instead of in six eager PyTorch ops. The range is the workload's `qmax` (127;
+63 gives 7-bit activations, for int8 kernels whose AVX2 `vpmaddubsw` would saturate on full-range ones).
 """
 
 from __future__ import annotations
