@@ -179,6 +179,8 @@ def test_opcheck(pkg):
     (lambda a: (a[0], a[1], a[2], a[3][:2] + [a[3][2] + 300], a[4]), IndexOutOfRange,
      "out of range for table 2, which has 300 rows"),
     (lambda a: (a[0], a[1], a[2], a[3], [a[4][0] + 1, *a[4][1:]]), InvalidInput, r"offsets\[0\]\[0\] must be 0"),
+    (lambda a: (*a[:4], [torch.cat([o, o.new_tensor([len(i) + (t == 2)])]) for t, (i, o) in enumerate(zip(*a[3:]))],
+                False, True), InvalidInput, r"offsets\[2\]\[-1\] = .* must equal len\(indices\[2\]\)"),
 ])
 def test_bad_inputs_raise_errors_that_name_the_op(pkg, change, exc, match):
     args = change(inputs(9, seed=1))

@@ -33,11 +33,11 @@ INDEX_PREFETCH = Choice("index_prefetch", (8, 0, 16), doc=(
     "follow, so each new line of them is a miss that the row prefetch then waits on; 0 leaves them to the "
     "hardware."))
 
-PREFETCH = Choice("prefetch", (32, 0, 8, 16, 64, 128, 256), doc=(
-    "Software-prefetch distance in bags, in the kernel's order (a sample's tables one after another, then the "
-    "next sample's): the rows of the bag that many bags ahead are prefetched before a bag is pooled. A "
-    "distance of about the number of tables or more fetches the next sample's rows while this one computes "
-    "its dot products, which is what fusing the gather into the interaction makes possible; small rows (int8) "
+PREFETCH = Choice("prefetch", (1, 0, 2, 4, 8), doc=(
+    "Software-prefetch distance in samples: before a bag is pooled, the rows of the same table's bag that many "
+    "samples ahead are prefetched (its indices are in the stream the kernel reads anyway). One sample ahead "
+    "already keeps a bag per table in flight, and the next sample's rows arrive while this one computes its "
+    "dot products, which is what fusing the gather into the interaction makes possible; small rows (int8) "
     "are pooled fast and want several samples ahead; 0 disables it."))
 ACCUMULATOR = Choice("accumulator", ("local", "scratch"), doc=(
     "Where a bag is pooled: 'local' sums its rows in a D-float accumulator on the stack (LLVM keeps it in "

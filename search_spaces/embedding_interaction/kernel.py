@@ -4,17 +4,18 @@ then its dot interaction, without the (B, T, D) pooled rows between them.
 One pass per sample (the samples spread over cores):
   1. x is written to the front of the output row and staged as feature 0 of a small per-sample buffer (F rows
      of D floats zero-padded to the SIMD width, the interaction kernel's: it stays in L1);
-  2. each table's bag is pooled from the tables (FBGEMM's TBE layout, batched_embedding_bag's) into feature
-     t + 1, through a register accumulator (`local`) or straight into the buffer; every index is checked
-     against its own table (one outside is not read and sets the error flag) and the rows of the bag
-     `prefetch` bags ahead, in this kernel's order (table by table, sample by sample: past the last table it
-     is the next sample's), are prefetched first, so the next sample's rows arrive while this one computes;
+  2. each table's bag is pooled from the tables into feature t + 1, through a register accumulator (`local`)
+     or straight into the buffer; every index is checked against its own table (one outside is not read and
+     sets the error flag) and the rows of the same table's bag `prefetch` samples ahead are prefetched first,
+     so later samples' rows arrive while this one computes. Each table's indices and offsets are read where
+     the caller holds them: the `bags` argument gives their addresses (workload.BAG_FIELDS), so a call needs
+     no copy of them into one layout;
   3. the kept dot products, the interaction kernel's way (search_spaces.interaction.cpu): blocks of pairs along
      a row of the triangle, one SIMD accumulator per pair, reduced across lanes by a shuffle network
      (`hsum`: "transpose" or "tree"), each block's sums stored once, contiguous in the output row.
-Offsets and table offsets are checked as boundaries before the gather (embedding_bag's kernel.py); when they
-are bad nothing is gathered and the output is zeros. The batch is symbolic; tables, dimension, triangle and
-row format are compiled in.
+Offsets (per table, against its first index and end) and table offsets are checked as boundaries before the
+gather (embedding_bag's kernel.py); when they are bad nothing is gathered and the output is zeros. The batch is
+symbolic; tables, dimension, triangle and row format are compiled in.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from ..embedding_bag.workload import INDEX_ERROR, OFFSETS_ERROR, TABLE_OFFSETS_E
 # without staling its shipped records, and its macros live inside one function)
 from ..interaction.cpu import _next_pow2, _padded_dim, _reduction_levels, _row_blocks, _stage_lanes
 from ..space import InvalidConfig
-from .workload import Workload
+from .workload import BAG_END, BAG_FIELDS, BAG_FIRST, BAG_INDICES, BAG_OFFSETS, Workload
+
+# the extent declared for a table's indices and offsets, which lie at addresses the `bags` argument gives: their
+# lengths are the caller's (its columns' first and end, checked by `check_bags` before any index is read)
+SPAN = 1 << 40
 
 __all__ = ["AMX_MAX_FEATURES", "amx_fits", "compute", "feature_lanes", "next_pow2", "padded_dim"]
 
@@ -60,7 +65,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
             prefetch_lines: int = 1, unroll: int = 1, local: bool = True, amx_every: int = 0,
             index_ahead: int = 0) -> Any:
     """The fused kernel for one dot-product SIMD width, pair block and cross-lane reduction, prefetch distance
-    (bags; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator; `amx_every` > 0:
+    (samples; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator; `amx_every` > 0:
     the dot products on AMX tiles instead (`amx_fits`; the tile configuration loaded at every sample whose
     index is a multiple of it: each parallel task's first). Cached: parsing takes a few hundred ms and
     schedules never mutate their input module."""
@@ -98,48 +103,49 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
     flag_if = flag_where()
     check_boundaries = boundaries_checker()
 
-    # ---- the bags: bag (t, b) is entry t * B + b of the table-major offsets --------------------------------
-    def start(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
-        return T.Cast(i64, Off[vt * NB + vb])
+    # ---- the bags: table t's indices and offsets lie where the caller holds them (`Bags`, workload.py) -------
+    def address(Bags: Any, field: int, vt: Any) -> Any:
+        """Where table vt's indices (field BAG_INDICES) or offsets (BAG_OFFSETS) lie."""
+        return T.reinterpret("handle", Bags[field, vt])
 
-    def count(Off: Any, vt: Any, vb: Any, NB: Any) -> Any:
-        return T.Cast(i64, Off[vt * NB + vb + 1]) - start(Off, vt, vb, NB)
+    def start(Ot: Any, vb: Any) -> Any:
+        return T.Cast(i64, Ot[vb])
 
-    def index(I: Any, Off: Any, vt: Any, vb: Any, NB: Any, vl: Any) -> Any:
-        return T.Cast(i64, I[start(Off, vt, vb, NB) + vl])
+    def end(Bags: Any, Ot: Any, vt: Any, vb: Any, NB: Any) -> Any:
+        """Bag vb's end: the next bag's start, or past the last bag the end of the table's indices (a lazy
+        select: Ot holds NB entries)."""
+        return T.if_then_else(vb + 1 < NB, T.Cast(i64, Ot[T.min(vb + 1, NB - 1)]), Bags[BAG_END, vt])
+
+    def count(Bags: Any, Ot: Any, vt: Any, vb: Any, NB: Any) -> Any:
+        return end(Bags, Ot, vt, vb, NB) - start(Ot, vb)
+
+    def index(It: Any, Ot: Any, vb: Any, vl: Any) -> Any:
+        return T.Cast(i64, It[start(Ot, vb) + vl])
 
     def rows_of(TO: Any, vt: Any) -> Any:
         return TO[vt + 1] - TO[vt]
-
-    def ahead_table(vt: Any, vb: Any) -> Any:
-        """The table of the bag `prefetch` bags after (vt, vb) in the kernel's order."""
-        return T.floormod(vb * NT + vt + prefetch, NT)
-
-    def ahead_sample(vt: Any, vb: Any, NB: Any) -> Any:
-        """... and its sample (the last sample's: a wasted prefetch past the batch, never a read outside it)."""
-        return T.min(T.floordiv(vb * NT + vt + prefetch, NT), NB - 1)
 
     def lanes_of(n: int) -> Any:
         return T.vectorized(n) if n > 1 else T.serial(n)
 
     def rows_in(name: str) -> Any:
-        """A macro `pool_row(W, S, TO, I, Off, A, base, Flag, vt, vb, l, NB)`: row l of bag (vt, vb) added to
-        A[base:base + D] when its index lies in its table, else the flag set (one macro per block name:
+        """A macro `pool_row(W, S, TO, Bags, It, Ot, A, base, Flag, vt, vb, l, NB)`: row l of bag (vt, vb) added
+        to A[base:base + D] when its index lies in its table, else the flag set (one macro per block name:
         TVMScript renames a block where its macro is expanded again)."""
 
         @T.macro
-        def add_row(W, S, TO, I, Off, A, base, vt, vb, l, NB):
+        def add_row(W, S, TO, Bags, It, Ot, A, base, vt, vb, l, NB):
             for dm in T.unroll(D // V):
                 for dv in lanes_of(V):
                     with T.sblock(name):
-                        vl = T.axis.reduce(count(Off, vt, vb, NB), l)
+                        vl = T.axis.reduce(count(Bags, Ot, vt, vb, NB), l)
                         vd = T.axis.spatial(D, dm * V + dv)
-                        A[base + vd] = A[base + vd] + fmt.load(W, S, TO[vt] + index(I, Off, vt, vb, NB, vl), vd)
+                        A[base + vd] = A[base + vd] + fmt.load(W, S, TO[vt] + index(It, Ot, vb, vl), vd)
 
         @T.macro
-        def pool_row(W, S, TO, I, Off, A, base, Flag, vt, vb, l, NB):
-            if in_range(index(I, Off, vt, vb, NB, l), rows_of(TO, vt)):
-                add_row(W, S, TO, I, Off, A, base, vt, vb, l, NB)
+        def pool_row(W, S, TO, Bags, It, Ot, A, base, Flag, vt, vb, l, NB):
+            if in_range(index(It, Ot, vb, l), rows_of(TO, vt)):
+                add_row(W, S, TO, Bags, It, Ot, A, base, vt, vb, l, NB)
             else:
                 flag_if(Flag, True, INDEX_ERROR)
 
@@ -148,46 +154,64 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
     group_row, tail_row = rows_in("acc"), rows_in("acc_tail")
 
     @T.macro
-    def prefetch_ahead(W, TO, I, Off, vt, vb, NB, R):
-        # the rows of the bag `prefetch` bags ahead (clamped into the table: a hint, never a fault)
-        for k in range(count(Off, ahead_table(vt, vb), ahead_sample(vt, vb, NB), NB)):
-            prefetch_row(W, T.min(TO[ahead_table(vt, vb)] + index(I, Off, ahead_table(vt, vb),
-                                                                  ahead_sample(vt, vb, NB), NB, k), R - 1))
+    def prefetch_ahead(W, TO, Bags, It, Ot, vt, vb, NB, R):
+        # the rows of this table's bag `prefetch` samples ahead (the last sample's past the batch: a wasted
+        # prefetch, never a read outside it; each row clamped into the table: a hint, never a fault)
+        for k in range(count(Bags, Ot, vt, T.min(vb + prefetch, NB - 1), NB)):
+            prefetch_row(W, T.min(TO[vt] + index(It, Ot, T.min(vb + prefetch, NB - 1), k), R - 1))
 
     @T.macro
-    def pool(W, S, TO, I, Off, A, base, Flag, vt, vb, NB, NNZ, R):
+    def pool(W, S, TO, Bags, It, Ot, A, base, Flag, vt, vb, NB, R):
         """Bag (vt, vb)'s rows summed into A[base:base + D], in one block (its only writer seen from outside)."""
         with T.sblock("pool"):
-            T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
+            T.reads(Bags[0:BAG_FIELDS, 0:NT], TO[vt:vt + 2], W[0:R, 0:WD])
             T.writes(A[base:base + D])
             for d0 in range(D):
                 with T.sblock("acc_init"):
                     vd0 = T.axis.spatial(D, d0)
                     A[base + vd0] = T.float32(0)
             if prefetch > 0:
-                prefetch_ahead(W, TO, I, Off, vt, vb, NB, R)
+                prefetch_ahead(W, TO, Bags, It, Ot, vt, vb, NB, R)
             if U == 1:
-                for l in range(count(Off, vt, vb, NB)):
-                    group_row(W, S, TO, I, Off, A, base, Flag, vt, vb, l, NB)
+                for l in range(count(Bags, Ot, vt, vb, NB)):
+                    group_row(W, S, TO, Bags, It, Ot, A, base, Flag, vt, vb, l, NB)
             else:
-                for g in range(count(Off, vt, vb, NB) // U):
+                for g in range(count(Bags, Ot, vt, vb, NB) // U):
                     for u in T.unroll(T.int64(U)):
-                        group_row(W, S, TO, I, Off, A, base, Flag, vt, vb, g * U + u, NB)
-                for r in range(count(Off, vt, vb, NB) % U):
-                    tail_row(W, S, TO, I, Off, A, base, Flag, vt, vb, count(Off, vt, vb, NB) // U * U + r, NB)
+                        group_row(W, S, TO, Bags, It, Ot, A, base, Flag, vt, vb, g * U + u, NB)
+                for r in range(count(Bags, Ot, vt, vb, NB) % U):
+                    tail_row(W, S, TO, Bags, It, Ot, A, base, Flag, vt, vb, count(Bags, Ot, vt, vb, NB) // U * U + r,
+                             NB)
 
     @T.macro
-    def prefetch_indices(I, Off, vt, vb, NB, NNZ):
-        # the table-major offsets and indices are read sample by sample: one stream per table, more than the
+    def prefetch_indices(Bags, It, Ot, vt, vb, NB):
+        # each table's offsets and indices are read sample by sample: one stream per table, more than the
         # hardware's prefetchers follow; the offsets 2 x index_ahead samples ahead, the indices index_ahead
         # (their offsets fetched by then)
         with T.sblock("prefetch_indices"):
             T.reads()
             T.writes()
             T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0",
-                                          T.address_of(Off[vt * NB + T.min(vb + 2 * index_ahead, NB)]), 0, 3, 1))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(I[T.min(
-                T.Cast(i64, Off[vt * NB + T.min(vb + index_ahead, NB)]), NNZ - 1)]), 0, 3, 1))
+                                          T.address_of(Ot[T.min(vb + 2 * index_ahead, NB - 1)]), 0, 3, 1))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(It[T.max(T.min(
+                T.Cast(i64, Ot[T.min(vb + index_ahead, NB - 1)]), Bags[BAG_END, vt] - 1), T.int64(0))]), 0, 3, 1))
+
+    @T.macro
+    def check_bags(Bags, Flag, NB):
+        # each table's offsets as boundaries: from its first index, non-decreasing, the last within its end
+        # (one pass per table that LLVM vectorises: the flag OR-ed in a register, without a branch)
+        for t in range(NT):
+            with T.sblock("check_bags"):
+                vt = T.axis.spatial(NT, t)
+                T.reads(Bags[0:BAG_FIELDS, vt])
+                T.writes(Flag[0])
+                Ot = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_OFFSETS, vt), align=ialign)
+                Flag[0] = T.bitwise_or(Flag[0], T.Select(T.Cast(i64, Ot[0]) != Bags[BAG_FIRST, vt],
+                                                         T.int32(OFFSETS_ERROR), T.int32(0)))
+                for i in range(NB - 1):
+                    Flag[0] = T.bitwise_or(Flag[0], T.Select(Ot[i + 1] < Ot[i], T.int32(OFFSETS_ERROR), T.int32(0)))
+                Flag[0] = T.bitwise_or(Flag[0], T.Select(T.Cast(i64, Ot[NB - 1]) > Bags[BAG_END, vt],
+                                                         T.int32(OFFSETS_ERROR), T.int32(0)))
 
     # ---- the dot products (the interaction kernel's "rows" layout) -----------------------------------------
     @T.macro
@@ -360,11 +384,11 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
 
     # ---- one sample ----------------------------------------------------------------------------------------
     @T.macro
-    def samples(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R):
+    def samples(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
         for b in range(NB):
             with T.sblock("sample"):
                 vb = T.axis.spatial(NB, b)
-                T.reads(X[vb, 0:D], Off[0:NT * NB + 1], TO[0:NT + 1], I[0:NNZ], W[0:R, 0:WD], tab[0:TAB])
+                T.reads(X[vb, 0:D], Bags[0:BAG_FIELDS, 0:NT], TO[0:NT + 1], W[0:R, 0:WD], tab[0:TAB])
                 T.writes(Out[vb, 0:O])  # and the flag (a benign race: not a region the schedule orders)
                 feat = T.sblock_alloc_buffer((FR * Dp,), "float32")
                 for d0 in range(D // V):  # the dense part of the output row (plain code: one writer block)
@@ -377,19 +401,21 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                 for t in range(NT):
                     with T.sblock("bag"):
                         vt = T.axis.spatial(NT, t)
-                        T.reads(Off[vt * NB + vb:vt * NB + vb + 2], TO[vt:vt + 2], I[0:NNZ], W[0:R, 0:WD])
+                        T.reads(Bags[0:BAG_FIELDS, 0:NT], TO[vt:vt + 2], W[0:R, 0:WD])
                         T.writes(feat[(vt + 1) * Dp:(vt + 1) * Dp + D])
+                        It = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_INDICES, vt), align=ialign)
+                        Ot = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_OFFSETS, vt), align=ialign)
                         if index_ahead > 0:
-                            prefetch_indices(I, Off, vt, vb, NB, NNZ)
+                            prefetch_indices(Bags, It, Ot, vt, vb, NB)
                         if local:
                             A = T.sblock_alloc_buffer((D,), "float32", scope=SCRATCH_SCOPE)
-                            pool(W, S, TO, I, Off, A, 0, Flag, vt, vb, NB, NNZ, R)
+                            pool(W, S, TO, Bags, It, Ot, A, 0, Flag, vt, vb, NB, R)
                             for d2 in range(D):
                                 with T.sblock("stage_bag"):
                                     vd2 = T.axis.spatial(D, d2)
                                     feat[(vt + 1) * Dp + vd2] = A[vd2]
                         else:
-                            pool(W, S, TO, I, Off, feat, (vt + 1) * Dp, Flag, vt, vb, NB, NNZ, R)
+                            pool(W, S, TO, Bags, It, Ot, feat, (vt + 1) * Dp, Flag, vt, vb, NB, R)
                 for f, d in T.grid(F, Dp - D):
                     with T.sblock("stage_pad"):
                         vf, vd = T.axis.remap("SS", [f, d])
@@ -400,11 +426,11 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                     dots(feat, tab, Out, vb)
 
     @T.macro
-    def body(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R):
+    def body(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
         check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
-        check_boundaries(Off, Flag, NT * NB + 1, NNZ, OFFSETS_ERROR)
+        check_bags(Bags, Flag, NB)
         if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
-            samples(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R)
+            samples(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
         else:  # flagged: zeros, not whatever the output's memory held
             for b, d in T.grid(NB, O):
                 with T.sblock("zero"):
@@ -412,17 +438,14 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                     Out[vb, vd] = T.float32(0)
 
     @T.prim_func(s_tir=True)
-    def main(x_: T.handle, w_: T.handle, toff: T.handle, ind: T.handle, off: T.handle, out_: T.handle,
-             flag: T.handle):
+    def main(x_: T.handle, w_: T.handle, toff: T.handle, bags: T.handle, out_: T.handle, flag: T.handle):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         NB = T.int64()
         R = T.int64()
-        NNZ = T.int64()
         X = T.match_buffer(x_, (NB, D), "float32")
         W = T.match_buffer(w_, (R, WD), fmt.storage)
         TO = T.match_buffer(toff, (NT + 1,), "int64", align=8)
-        I = T.match_buffer(ind, (NNZ,), idt, align=ialign)
-        Off = T.match_buffer(off, (NT * NB + 1,), idt, align=ialign)
+        Bags = T.match_buffer(bags, (BAG_FIELDS, NT), "int64")
         Out = T.match_buffer(out_, (NB, O), "float32")
         Flag = T.match_buffer(flag, (1,), "int32")
         tab = T.sblock_alloc_buffer((TAB,), "int32")
@@ -441,8 +464,8 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                         n[0] = n[0] + 1
         if fmt.fused:
             S = fmt.scales(W)
-            body(X, W, S, TO, I, Off, Out, Flag, tab, NB, NNZ, R)
+            body(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
         else:
-            body(X, W, W, TO, I, Off, Out, Flag, tab, NB, NNZ, R)  # S unused: the table stands in
+            body(X, W, W, TO, Bags, Out, Flag, tab, NB, R)  # S unused: the table stands in
 
     return tvm.IRModule({"main": main})

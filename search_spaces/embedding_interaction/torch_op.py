@@ -104,11 +104,16 @@ def route(x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor
 def run(chunks: Sequence[Any], x: Tensor, weight: Tensor, table_offsets: Tensor, indices: list[Tensor],
         offsets: list[Tensor], self_interaction: bool = False, include_last_offset: bool = False,
         dot_dtype: str = "float32", validate: bool = True) -> Tensor:
-    idx, offs, shift, last = tbe.layout(indices, offsets, include_last_offset)
-    if validate and not tbe._bag_edges_ok(offs, shift, last, (offs.numel() - 1) // len(indices)):
-        with RENAMED:
-            tbe._explain_bag_edges(indices, offsets, include_last_offset)
-    return chunks[0].kernel(x, weight, table_offsets, idx, offs)
+    """The kernel reads each table's indices and offsets where they are (workload.bag_columns: no copy into one
+    layout) and checks them itself; a last offset per table (include_last_offset) is checked here, then left
+    out (views)."""
+    if include_last_offset:
+        if validate and not torch.equal(torch.stack([o[-1] for o in offsets]).cpu(),
+                                        torch.tensor([i.numel() for i in indices])):
+            with RENAMED:
+                tbe._explain_bag_edges(indices, offsets, include_last_offset)
+        offsets = [o[:-1] for o in offsets]
+    return chunks[0].kernel(x, weight, table_offsets, list(indices), list(offsets))
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:

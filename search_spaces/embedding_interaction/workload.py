@@ -16,15 +16,23 @@ from typing import Any, Callable, Sequence
 
 from ..batched_embedding_bag import workload as batched
 from ..embedding_bag.rows import RowFormat, dequantize
-from ..embedding_bag.workload import error_flag, flag_error, flagged, needs
+from ..embedding_bag.workload import check_monotone, error_flag, flag_error, flagged, needs
 from ..interaction import workload as interaction
 from ..interaction.workload import dot_interaction
 from ..template import InvalidDtype, InvalidInput, IndexOutOfRange, Traffic, Workload as _Workload, WorkloadError
 
-__all__ = ["OP", "RENAMED", "Workload", "after_call", "baselines", "check_inputs", "inputs", "kernel_args",
-           "magnitude_args", "pack", "reference", "timed_inputs", "tolerance", "traffic"]
+__all__ = ["BAG_FIELDS", "KernelArgs", "OP", "RENAMED", "Workload", "after_call", "bag_columns", "baselines",
+           "check_inputs", "inputs", "kernel_args", "magnitude_args", "pack", "reference", "timed_inputs", "tolerance",
+           "traffic"]
 
 OP = "embedding_interaction"
+# The kernel's `bags` argument, (BAG_FIELDS, tables) int64: for table t, the address of its indices and of its B
+# offsets (where the caller holds them: no copy into one layout), the first index its bags may start at and the
+# end of its indices (its last bag's end). A list of per-table tensors gives (data_ptr, data_ptr, 0, numel);
+# FBGEMM's TBE layout (one index tensor, table-major offsets) gives the index tensor's address for every table,
+# table t's B offsets, and its boundaries [offsets[t * B], offsets[(t + 1) * B]].
+BAG_INDICES, BAG_OFFSETS, BAG_FIRST, BAG_END = range(4)
+BAG_FIELDS = 4
 DOT_DTYPES = ("float32", "bfloat16")
 BF16_PRODUCT_RTOL = 2.0 ** -7  # two roundings to bf16 (8 significant bits) each move a product by <= 2^-8 of it
 
@@ -201,13 +209,47 @@ def pack(w: Workload, cfg: Any, *weights: Any) -> tuple[Any, ...]:
     return weights
 
 
-def kernel_args(w: Workload, cfg: Any, packed: Sequence[Any], x: Any, weight: Any, table_offsets: Any, indices: Any,
-                offsets: Any) -> tuple[Sequence[Any], Any]:
-    """The inputs, a new (B, D + pairs) output and the error flag (embedding_bag's error_flag)."""
+class KernelArgs(list):
+    """The kernel's arguments, with the bags' tensors (`bags`: indices, offsets) whose addresses its `bags`
+    argument holds: alive as long as the list is, and what `after_call` checks again to explain a flagged call."""
+
+    bags: tuple[Any, Any]
+
+
+def bag_columns(w: Workload, batch: int, indices: Any, offsets: Any) -> tuple[Any, tuple[Any, Any]]:
+    """The kernel's `bags` argument (see BAG_FIELDS) for per-table lists of index and offset tensors (the op's
+    arguments: each table's tensors where they are, converted only where not contiguous in the kernel's index
+    dtype) or for FBGEMM's TBE layout (the template's inputs); and the tensors it points into."""
+    import numpy as np
     import torch
 
+    if isinstance(indices, torch.Tensor):  # TBE: one index tensor, table t's bags at offsets[t * B:(t + 1) * B]
+        edges = offsets[::batch].tolist()  # the T + 1 boundaries between tables (check_bags checks the rest)
+        nnz, step = indices.numel(), batch * offsets.element_size()
+        if edges[0] != 0 or any(b < a for a, b in zip(edges, edges[1:])) or edges[-1] > nnz:
+            check_monotone(_need, "offsets", offsets, nnz, "indices")  # raises, saying where
+        columns = [[indices.data_ptr()] * w.tables, [offsets.data_ptr() + t * step for t in range(w.tables)],
+                   edges[:-1], edges[1:]]
+    else:
+        dtype = getattr(torch, w.index_dtype)
+        indices = [i if i.dtype is dtype and i.is_contiguous() else i.to(dtype).contiguous() for i in indices]
+        offsets = [o if o.dtype is dtype and o.is_contiguous() else o.to(dtype).contiguous() for o in offsets]
+        columns = [[i.data_ptr() for i in indices], [o.data_ptr() for o in offsets], [0] * w.tables,
+                   [i.numel() for i in indices]]
+    return torch.from_numpy(np.array(columns, dtype=np.int64)), (indices, offsets)
+
+
+def kernel_args(w: Workload, cfg: Any, packed: Sequence[Any], x: Any, weight: Any, table_offsets: Any, indices: Any,
+                offsets: Any) -> tuple[Sequence[Any], Any]:
+    """x, the tables, their offsets, the bags' columns (`bag_columns`: the bags in the TBE layout or as per-table
+    lists), a new (B, D + pairs) output and the error flag (embedding_bag's error_flag)."""
+    import torch
+
+    bags, held = bag_columns(w, x.shape[0], indices, offsets)
     out = torch.empty(x.shape[0], w.out_dim, dtype=torch.float32, device=x.device)
-    return [x, weight, table_offsets, indices, offsets, out, error_flag(weight)], out
+    args = KernelArgs([x, weight, table_offsets, bags, out, error_flag(weight)])
+    args.bags = held
+    return args, out
 
 
 def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
@@ -215,8 +257,14 @@ def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
     zeros), the message found by checking the bags again: a pass over them, only once a call has failed."""
     code = flagged(args[-1])
     if code:
-        weight, table_offsets, indices, offsets = args[1:5]
-        if offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
-            with RENAMED:
+        from ..batched_embedding_bag.torch_op import _explain_bag_edges, layout  # torch: only on this path
+
+        weight, table_offsets = args[1:3]
+        indices, offsets = getattr(args, "bags", (None, None))
+        with RENAMED:
+            if isinstance(indices, list):
+                _explain_bag_edges(indices, offsets, False)
+                indices, offsets = layout(indices, offsets)[:2]
+            if offsets is not None and offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
                 batched.check_data(w.bags, weight, table_offsets, indices, offsets)
         raise flag_error(code, OP)

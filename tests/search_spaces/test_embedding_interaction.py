@@ -151,6 +151,43 @@ def test_a_bad_index_or_bag_is_flagged_and_named_for_the_operator():
     assert bool((out == 0).all())  # offsets flagged: nothing gathered, zeros written (not what memory held)
 
 
+def test_the_kernel_reads_per_table_lists_where_they_are():
+    """The op's per-table lists go to the kernel as they are (their addresses: no copy into one layout) and give
+    the TBE layout's output bit for bit: tensors of their own, views into one buffer (a KeyedJaggedTensor's
+    values), a strided index view and an int32 table among int64 ones (converted for the call)."""
+    task = make_task("embedding_interaction", "cpu", **CASES["multi-hot-dim12"])
+    w = task.workload
+    kernel = _kernel(task, task.space.default())
+    x, weight, table_offsets, indices, offsets = TPL.inputs(w, 6)
+    want = kernel(x, weight, table_offsets, indices, offsets)
+    ends = offsets[::w.batch].tolist()
+    lists = [indices[ends[t]:ends[t + 1]] for t in range(w.tables)]  # views of one buffer
+    offs = [offsets[t * w.batch:(t + 1) * w.batch] - ends[t] for t in range(w.tables)]
+    assert torch.equal(kernel(x, weight, table_offsets, lists, offs), want)
+    own = [i.clone() for i in lists]
+    own[1] = torch.stack([own[1], own[1]], 1)[:, 0]  # strided
+    own[2] = own[2].int()
+    assert not own[1].is_contiguous()
+    assert torch.equal(kernel(x, weight, table_offsets, own, [o.clone() for o in offs]), want)
+    columns, (held, _) = TPL.workload.bag_columns(w, w.batch, lists, offs)
+    assert columns[0].tolist() == [i.data_ptr() for i in lists]  # read in place
+    assert columns[3].tolist() == [i.numel() for i in lists]
+
+
+def test_offsets_past_the_indices_are_flagged_not_read():
+    """TBE offsets that run past the indices (or a table whose bags start before its first index) are flagged by
+    the kernel's check of each table's boundaries: nothing is gathered."""
+    task = make_task("embedding_interaction", "cpu", **CASES["multi-hot-dim12"])
+    w = task.workload
+    kernel = _kernel(task, task.space.default())
+    x, weight, table_offsets, indices, offsets = TPL.inputs(w, 7)
+    for position, value in ((-1, indices.numel() + 1000), (w.batch, -1), (0, 1)):
+        bad = offsets.clone()
+        bad[position] = value
+        with pytest.raises(InvalidInput, match="embedding_interaction: .*offsets"):
+            kernel(x, weight, table_offsets, indices, bad)
+
+
 def test_the_cancellation_case_passes_a_correct_kernel_and_fails_a_perturbed_one():
     """`autotune check`'s case of x nearly orthogonal to the first table's bags, at magnitude 1e3: judged against
     float64 with a bound scaled by the terms, the kernel passes; its output nudged by 1e-4 of the terms fails."""
