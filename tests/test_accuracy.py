@@ -171,6 +171,27 @@ def test_int8_layers_move_up_a_rung_where_the_finer_rung_runs_the_model_faster(t
     assert "noisy_b's int8 layers one rung up: the model takes 6 ms with them, 10 ms in int8: moved up" in str(report)
 
 
+def test_an_int8_layer_feeding_a_bf16_one_moves_up_alone_where_the_model_runs_faster(tmp_path, monkeypatch):
+    """The contract moves "2" to bf16; the rule's int8 layers ("0" and "4") one rung up do not pay, but "0" alone,
+    which feeds "2" (two bf16 layers chain without a float32 activation between them), does: it moves up, and
+    "4" stays int8."""
+    from autotune.torch import speed
+
+    model, args = mlp(), batch()
+    int8 = noisy_rule({"0": 1e-4, "2": 5e-2, "4": 1e-4})
+    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5, "4": 1e-5}, precision="bf16", priority=6)
+    answers = iter([(6e-3, 9e-3), (10e-3, 6e-3)])  # (as it stands, moved up): the rule's layers, then "0"
+    monkeypatch.setattr(speed, "time_pair", lambda old, new, c: (2e-3, 1e-3) if isinstance(old(), tuple)
+                        else next(answers))
+    check = at.SpeedCheck(rounds=1, seconds=0.001)
+    _, report = tune(model, args, tmp_path, rules=[int8, bf16], tolerance=1e-2, require_speedup=True, speed=check)
+    assert precisions(report) == {"0": "bf16", "2": "bf16", "4": "int8"}, str(report)
+    text = str(report)
+    assert "noisy's int8 layers one rung up: the model takes 9 ms with them, 6 ms in int8: left in int8" in text
+    assert "the int8 layer 0 (it feeds a bf16 layer) one rung up: the model takes 6 ms with them, 10 ms in " \
+           "int8: moved up" in text
+
+
 def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model(tmp_path):
     """The simulation calls every layer harmless; the real replacement of "2" is not: the rewritten model breaks
     the tolerance, so layers go fp32 in fallback order until it holds."""

@@ -188,3 +188,32 @@ def test_without_native_bf16_the_rung_is_absent(monkeypatch):
     model, x = MLP(), torch.randn(32, 13)
     gm = capture(model, (x,))
     assert list(dense.find_bf16(gm, example_values(gm, (x,)), set())) == []
+
+
+def _wire(gm, found):
+    for m in found:
+        (new,) = m.replace(gm)
+        m.outputs[0].replace_all_uses_with(new, delete_user_cb=lambda user, n=new: user is not n)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def test_a_bf16_layer_that_only_feeds_another_passes_its_bf16_result_as_it_is(monkeypatch):
+    """The chain rule: a's result (through its fused ReLU) feeds only b, so a returns bf16 and b takes it, with
+    the same output bits; b's result has two users and stays float32 (c is not chained)."""
+    monkeypatch.setattr(dense, "native_bf16", lambda: True)
+    model, x = MLP(), torch.randn(32, 13)
+    gm = capture(model, (x,))
+    _wire(gm, list(dense.find_bf16(gm, example_values(gm, (x,)), set())))
+    before = gm(x)
+    found = list(dense.find_chains(gm, example_values(gm, (x,)), set()))
+    assert len(found) == 1 and found[0].tolerance == (0.0, 0.0)
+    _wire(gm, found)
+    calls = [n for n in gm.graph.nodes if n.target is bf16_op]
+    assert [n.kwargs.get("bf16_out", False) for n in calls] == [True, False, False]
+    assert torch.equal(gm(x), before)
+    assert list(dense.find_chains(gm, example_values(gm, (x,)), set())) == []  # chained once
+    y = bf16_op(x, model.a.weight.to(torch.bfloat16), model.a.bias, True, bf16_out=True)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), bf16_op(x, model.a.weight.to(torch.bfloat16), model.a.bias, True),
+                               rtol=0, atol=0)

@@ -37,6 +37,7 @@ __all__ = ["RULES", "available", "dense_linear", "dense_linear_bf16", "native_bf
 aten = torch.ops.aten
 RULE = "dense_linear"
 RULE_BF16 = "dense_linear_bf16"
+RULE_CHAIN = "dense_linear_bf16_chain"
 RELUS = (aten.relu.default, aten.relu_.default)
 # fp32 results of another summation order: within a few ulps of the output's range per product summed
 RTOL, RANGE_ATOL = 1e-4, 1e-5
@@ -67,10 +68,12 @@ def native_bf16() -> bool:
 
 
 @torch.library.custom_op("autotune::dense_linear_bf16", mutates_args=())
-def dense_linear_bf16(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
-    """relu?(x @ weight.T + bias) for float32 x (..., K) and a bf16 weight (N, K): x rounded to bf16, float32
-    accumulation and bias, the result rounded to bf16 and returned as float32 (oneDNN on the CPU; elsewhere the
-    same rounding steps in PyTorch)."""
+def dense_linear_bf16(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool, bf16_out: bool = False
+                      ) -> Tensor:
+    """relu?(x @ weight.T + bias) for x (..., K) and a bf16 weight (N, K): x rounded to bf16 (a bf16 x as it is),
+    float32 accumulation and bias, the result rounded to bf16 and returned as float32, or as bf16 with `bf16_out`
+    (the same values: what a next bf16 layer reads without the round trip; `RULE_CHAIN`). oneDNN on the CPU;
+    elsewhere the same rounding steps in PyTorch."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous().to(torch.bfloat16)
     if x.is_cpu and _onednn_bf16():
@@ -78,7 +81,7 @@ def dense_linear_bf16(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: b
     else:
         y = simulated_bf16(x2, weight, bias)
         y = torch.relu(y) if relu else y
-    return y.to(torch.float32).reshape(*lead, weight.shape[0])
+    return y.to(torch.bfloat16 if bf16_out else torch.float32).reshape(*lead, weight.shape[0])
 
 
 @functools.cache
@@ -88,8 +91,8 @@ def _onednn_bf16() -> bool:
 
 
 @dense_linear_bf16.register_fake
-def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool, bf16_out: bool = False) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=torch.bfloat16 if bf16_out else torch.float32)
 
 
 def simulated_bf16(x: Tensor, w: Tensor, b: Optional[Tensor] = None) -> Tensor:
@@ -227,5 +230,38 @@ def find_bf16(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[Gr
             what=f"{what} -> oneDNN linear in bf16{' (ReLU fused)' if relu is not None else ''}")
 
 
+def find_chains(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
+    """Every bf16 layer whose result only a next bf16 layer reads: the pair rewritten so that the first returns
+    its bf16 result as it is and the second takes it (the same values, without the float32 round trip between
+    them: a write and a read of the activation at twice its size, and a conversion)."""
+    for first in [n for n in gm.graph.nodes if is_call(n, BF16_OP) and n not in claimed]:
+        second = sole_user(first, BF16_OP)
+        if second is None or second in claimed or second.args[0] is not first or _bf16_out(first):
+            continue
+        nodes = (first, second)
+        yield GraphMatch(
+            rule=RULE_CHAIN, nodes=nodes, outputs=(second,), tasks=(), replace=_chained(first, second),
+            tolerance=(0.0, 0.0), where=where(nodes),
+            what=f"{where((first,))} -> {where((second,))}: the bf16 activation passed as it is")
+
+
+def _bf16_out(node: Any) -> bool:
+    return bool(node.kwargs.get("bf16_out", node.args[4] if len(node.args) > 4 else False))
+
+
+def _chained(first: Any, second: Any) -> Any:
+    def replace(gm: Any) -> tuple[Any, ...]:
+        with gm.graph.inserting_before(second):
+            a = gm.graph.call_function(BF16_OP, tuple(first.args[:4]), {"bf16_out": True})
+            b = gm.graph.call_function(BF16_OP, (a, *second.args[1:]), dict(second.kwargs))
+        for new, old in ((a, first), (b, second)):
+            new.meta["nn_module_stack"] = old.meta.get("nn_module_stack", {})
+        return (b,)
+
+    return replace
+
+
+BF16_OP = torch.ops.autotune.dense_linear_bf16.default
 RULES = (GraphRule(RULE_BF16, find_bf16, priority=50, quantizes=True, precision="bf16"),
+         GraphRule(RULE_CHAIN, find_chains, priority=55),
          GraphRule(RULE, find, priority=60))

@@ -288,12 +288,18 @@ def _finer_if_faster(job: _Job, workers: "_Workers", checks: Sequence[Batch], co
     AMX tiles, oneDNN's bf16 Linear beats a VNNI int8 kernel: benchmarks/WHOLE_MODEL.md). For each rule whose
     layers run in int8, in rule order, the model is rewritten with those layers one rung up (bf16 where a rule
     runs it) and timed against the model as it stands (`check.model_rounds` interleaved rounds over the timing
-    cycle); kept if faster by `check.margin` and within the contract. The report says what each took."""
+    cycle); kept if faster by `check.margin` and within the contract. Then, one at a time, each int8 layer
+    that feeds a layer the contract moved to bf16: one rung up, the two chain in bf16 (dense.RULE_CHAIN: no
+    float32 activation between them), which may pay where either alone does not. The report says what each
+    took."""
     assert job.check is not None
     verdicts, lines = list(job.report.whole_model), []  # the model's own checks (`_rewritten` starts afresh), ours
-    for rule in job.ruleset:
-        nodes = [layer.node for r in done.replaced if r.rule == rule.name for layer in r.reduced
-                 if layer.precision == PRECISIONS[0]]
+    tries = [(f"{rule.name}'s int8 layers", lambda d, rule=rule: _int8_layers(d, rule.name)) for rule in job.ruleset]
+    tries += [(f"the int8 layer {_running(done)[node].where} (it feeds a bf16 layer)", lambda d, node=node: [node])
+              for node in _feeding_bf16(job, done, floors)]
+    for label, layers in tries:
+        running = _running(done)
+        nodes = [n for n in layers(done) if n in running and running[n].precision == PRECISIONS[0]]
         if not nodes:
             continue
         up = {**floors, **{node: finer(PRECISIONS[0]) for node in nodes}}
@@ -304,7 +310,7 @@ def _finer_if_faster(job: _Job, workers: "_Workers", checks: Sequence[Batch], co
                                             job.check.for_models())
         holds = all(e.holds for e in alt_errors)
         faster = holds and alt_s <= now_s * (1.0 - job.check.margin)
-        line = (f"{rule.name}'s int8 layers one rung up: the model takes {ms(alt_s)} with them, {ms(now_s)} in "
+        line = (f"{label} one rung up: the model takes {ms(alt_s)} with them, {ms(now_s)} in "
                 f"int8: {'moved up' if faster else 'left in int8'}{'' if holds else ' (it breaks the tolerance)'}")
         if faster:
             opt, done, errors, floors = alt, alt_done, alt_errors, up
@@ -312,6 +318,30 @@ def _finer_if_faster(job: _Job, workers: "_Workers", checks: Sequence[Batch], co
         lines.append(line)
         job.report.whole_model[:] = [*verdicts, *lines]
     return opt, done, errors, floors
+
+
+def _int8_layers(done: Rewrite, rule: str) -> list[str]:
+    return [layer.node for r in done.replaced if r.rule == rule for layer in r.reduced]
+
+
+def _feeding_bf16(job: _Job, done: Rewrite, floors: dict[str, str]) -> list[str]:
+    """The int8 layers (Linear nodes of the captured model) whose output, through a ReLU or not, is the input
+    of a Linear whose floor is bf16."""
+    int8 = {node for node, layer in _running(done).items() if layer.precision == PRECISIONS[0]}
+    bf16 = {node for node, floor in floors.items() if floor == finer(PRECISIONS[0])}
+    if not int8 or not bf16:
+        return []
+    gm = capture(job.model, job.args)
+    linear, relus = torch.ops.aten.linear.default, (torch.ops.aten.relu.default, torch.ops.aten.relu_.default)
+    found = []
+    for n in gm.graph.nodes:
+        if n.name not in int8:
+            continue
+        outs = [n, *(u for u in n.users if u.op == "call_function" and u.target in relus)]
+        if any(u.op == "call_function" and u.target is linear and u.name in bf16 and u.args[0] is o
+               for o in outs for u in o.users):
+            found.append(n.name)
+    return found
 
 
 def _running(done: Rewrite) -> dict[str, Reduced]:
