@@ -445,7 +445,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
         X = T.match_buffer(x_, (NB, D), "float32")
         W = T.match_buffer(w_, (R, WD), fmt.storage)
         TO = T.match_buffer(toff, (NT + 1,), "int64", align=8)
-        Bags = T.match_buffer(bags, (BAG_FIELDS, NT), "int64")
+        Bags = T.match_buffer(bags, (BAG_FIELDS, NT), "int64", align=8)  # NumPy's memory (bag_columns)
         Out = T.match_buffer(out_, (NB, O), "float32")
         Flag = T.match_buffer(flag, (1,), "int32")
         tab = T.sblock_alloc_buffer((TAB,), "int32")

@@ -108,8 +108,7 @@ def run(chunks: Sequence[Any], x: Tensor, weight: Tensor, table_offsets: Tensor,
     layout) and checks them itself; a last offset per table (include_last_offset) is checked here, then left
     out (views)."""
     if include_last_offset:
-        if validate and not torch.equal(torch.stack([o[-1] for o in offsets]).cpu(),
-                                        torch.tensor([i.numel() for i in indices])):
+        if validate and torch.stack([o[-1] for o in offsets]).tolist() != [i.numel() for i in indices]:
             with RENAMED:
                 tbe._explain_bag_edges(indices, offsets, include_last_offset)
         offsets = [o[:-1] for o in offsets]
