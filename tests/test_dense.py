@@ -213,6 +213,15 @@ def test_a_bf16_layer_that_only_feeds_another_passes_its_bf16_result_as_it_is(mo
     assert [n.kwargs.get("bf16_out", False) for n in calls] == [True, False, False]
     assert torch.equal(gm(x), before)
     assert list(dense.find_chains(gm, example_values(gm, (x,)), set())) == []  # chained once
+    deep = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(13, 13), nn.ReLU())]).eval()  # a run of three
+    gm = capture(deep, (x,))
+    _wire(gm, list(dense.find_bf16(gm, example_values(gm, (x,)), set())))
+    before = gm(x)
+    (chain,) = dense.find_chains(gm, example_values(gm, (x,)), set())
+    assert len(chain.nodes) == 3
+    _wire(gm, [chain])
+    assert [n.kwargs.get("bf16_out", False) for n in gm.graph.nodes if n.target is bf16_op] == [True, True, False]
+    assert torch.equal(gm(x), before)
     y = bf16_op(x, model.a.weight.to(torch.bfloat16), model.a.bias, True, bf16_out=True)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), bf16_op(x, model.a.weight.to(torch.bfloat16), model.a.bias, True),

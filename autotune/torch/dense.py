@@ -231,32 +231,41 @@ def find_bf16(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[Gr
 
 
 def find_chains(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
-    """Every bf16 layer whose result only a next bf16 layer reads: the pair rewritten so that the first returns
-    its bf16 result as it is and the second takes it (the same values, without the float32 round trip between
-    them: a write and a read of the activation at twice its size, and a conversion)."""
-    for first in [n for n in gm.graph.nodes if is_call(n, BF16_OP) and n not in claimed]:
-        second = sole_user(first, BF16_OP)
-        if second is None or second in claimed or second.args[0] is not first or _bf16_out(first):
-            continue
-        nodes = (first, second)
-        yield GraphMatch(
-            rule=RULE_CHAIN, nodes=nodes, outputs=(second,), tasks=(), replace=_chained(first, second),
-            tolerance=(0.0, 0.0), where=where(nodes),
-            what=f"{where((first,))} -> {where((second,))}: the bf16 activation passed as it is")
+    """Every run of bf16 layers each of whose results only the next reads: rewritten so that all but the last
+    return their bf16 results as they are and the next takes them (the same values, without the float32 round
+    trip between layers: a write and a read of each activation at twice its size, and a conversion)."""
+    layers = [n for n in gm.graph.nodes if is_call(n, BF16_OP) and n not in claimed]
+
+    def next_of(n: Any) -> Any:
+        m = sole_user(n, BF16_OP)
+        return m if m is not None and m not in claimed and m.args[0] is n and not _bf16_out(n) else None
+
+    followers = {next_of(n) for n in layers}
+    for head in [n for n in layers if n not in followers]:
+        chain = [head]
+        while (m := next_of(chain[-1])) is not None:
+            chain.append(m)
+        if len(chain) > 1:
+            yield GraphMatch(
+                rule=RULE_CHAIN, nodes=tuple(chain), outputs=(chain[-1],), tasks=(), replace=_chained(chain),
+                tolerance=(0.0, 0.0), where=where(chain),
+                what=f"{len(chain)} bf16 layers pass their bf16 activations as they are")
 
 
 def _bf16_out(node: Any) -> bool:
     return bool(node.kwargs.get("bf16_out", node.args[4] if len(node.args) > 4 else False))
 
 
-def _chained(first: Any, second: Any) -> Any:
+def _chained(chain: list[Any]) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
-        with gm.graph.inserting_before(second):
-            a = gm.graph.call_function(BF16_OP, tuple(first.args[:4]), {"bf16_out": True})
-            b = gm.graph.call_function(BF16_OP, (a, *second.args[1:]), dict(second.kwargs))
-        for new, old in ((a, first), (b, second)):
-            new.meta["nn_module_stack"] = old.meta.get("nn_module_stack", {})
-        return (b,)
+        x = chain[0].args[0]
+        with gm.graph.inserting_before(chain[-1]):
+            for old in chain[:-1]:
+                x = gm.graph.call_function(BF16_OP, (x, *old.args[1:4]), {"bf16_out": True})
+                x.meta["nn_module_stack"] = old.meta.get("nn_module_stack", {})
+            last = gm.graph.call_function(BF16_OP, (x, *chain[-1].args[1:]), dict(chain[-1].kwargs))
+        last.meta["nn_module_stack"] = chain[-1].meta.get("nn_module_stack", {})
+        return (last,)
 
     return replace
 

@@ -40,12 +40,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 import search_spaces
+from search_spaces._graph import is_call
 from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced, finer
 
 from .. import records
 from ..tuning_log import TuningLog
 from . import accuracy
 from .accuracy import AccuracyReport, Batch, LayerPrecision, Tolerance
+from .dense import RELUS
 from .graph import Replaced, Rewrite, _as_args, capture, collect_rules, discover, node_times, rewrite
 from . import speed as _speed
 from .speed import SpeedCheck, ms
@@ -332,13 +334,12 @@ def _feeding_bf16(job: _Job, done: Rewrite, floors: dict[str, str]) -> list[str]
     if not int8 or not bf16:
         return []
     gm = capture(job.model, job.args)
-    linear, relus = torch.ops.aten.linear.default, (torch.ops.aten.relu.default, torch.ops.aten.relu_.default)
     found = []
     for n in gm.graph.nodes:
         if n.name not in int8:
             continue
-        outs = [n, *(u for u in n.users if u.op == "call_function" and u.target in relus)]
-        if any(u.op == "call_function" and u.target is linear and u.name in bf16 and u.args[0] is o
+        outs = [n, *(u for u in n.users if is_call(u, *RELUS))]
+        if any(is_call(u, torch.ops.aten.linear.default) and u.name in bf16 and u.args[0] is o
                for o in outs for u in o.users):
             found.append(n.name)
     return found
