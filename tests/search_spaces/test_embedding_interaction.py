@@ -195,7 +195,7 @@ def test_the_cancellation_case_passes_a_correct_kernel_and_fails_a_perturbed_one
     w = task.workload
     binding = TPL.torch_binding()
     name, args, kwargs = next(c for c in binding.cases(w, 0, 0) if c[0].startswith("cancelling"))
-    x, weight, table_offsets, indices, offsets = args  # the op's per-table lists: the kernel takes TBE's layout
+    x, weight, table_offsets, indices, offsets = args  # the op's per-table lists, passed in TBE's layout
     exp = expected_call(TPL, w, binding.op, *args, **kwargs)
     idx, offs, _, _ = layout(indices, offsets, kwargs["include_last_offset"])
     out = _kernel(task, task.space.default())(x, weight, table_offsets, idx, offs)
