@@ -260,11 +260,11 @@ def after_call(w: Workload, args: Sequence[Any], out: Any) -> None:
         from ..batched_embedding_bag.torch_op import _explain_bag_edges, layout  # torch: only on this path
 
         weight, table_offsets = args[1:3]
-        indices, offsets = getattr(args, "bags", (None, None))
+        indices, offsets = args.bags  # kernel_args' KernelArgs
         with RENAMED:
             if isinstance(indices, list):
                 _explain_bag_edges(indices, offsets, False)
                 indices, offsets = layout(indices, offsets)[:2]
-            if offsets is not None and offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
+            if offsets.numel() > 1 and (offsets.numel() - 1) % w.tables == 0:
                 batched.check_data(w.bags, weight, table_offsets, indices, offsets)
         raise flag_error(code, OP)

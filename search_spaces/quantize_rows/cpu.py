@@ -6,9 +6,9 @@ compiled in (whole vectors, then a scalar tail for ragged widths); rows are symb
 batch. The quotient must equal PyTorch's x / scale in the last bit (workload.py): it is the division's own bits,
 computed from the row's reciprocal with two FMAs (quotient.py), a fraction of a vector division's cost. Rounding is
 `T.round`, which TVM lowers to `llvm.nearbyint` on this target (half to even, as torch.round; one vroundps per
-vector): `T.nearbyint`, the same operation, is not
-vectorizable in TVM's VectorizeLoop, which turns the whole quantizing loop back into scalar code (LLVM then
-re-vectorizes it across vectors with strided shuffles: 2-3x slower, measured).
+vector): `T.nearbyint`, the same operation, is not vectorizable in TVM's VectorizeLoop, which turns the whole
+quantizing loop back into scalar code (LLVM then re-vectorizes it across vectors with strided shuffles: 2-3x
+slower, measured).
 """
 
 from __future__ import annotations
