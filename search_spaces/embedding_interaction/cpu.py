@@ -1,8 +1,8 @@
 """The fused embedding bags + dot interaction on the CPU (llvm): its knobs, space and schedule (the TVMScript is
 kernel.py's). The dot products' knobs are the interaction kernel's (search_spaces.interaction.cpu), the
 gather's the embedding bag's (search_spaces.embedding_bag.cpu), each with its meaning there; this kernel's own:
-how far ahead rows and indices are prefetched across the samples, where a bag is pooled, and whether the dot
-products run in SIMD lanes or on AMX tiles.
+how far ahead rows and indices are prefetched across the samples, where a bag is pooled, in which order a
+task's bags are pooled, and whether the dot products run in SIMD lanes or on AMX tiles.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from .kernel import amx_fits, compute, feature_lanes, next_pow2, padded_dim
 from .workload import Workload
 
 __all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "INDEX_PREFETCH", "INTRINSIC", "LANES", "PAIRS_PER_BLOCK",
-           "PREFETCH", "PREFETCH_LINES", "SAMPLES_PER_TASK", "THREADING", "UNROLL", "lower", "schedule", "space"]
+           "PREFETCH", "PREFETCH_LINES", "SAMPLES_PER_TASK", "TABLE_BLOCK", "THREADING", "UNROLL", "lower",
+           "schedule", "space"]
 
 INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
     "How the dot products run: 'simd' in fp32 SIMD lanes along D, pairs reduced across lanes (the lanes, pair "
@@ -35,10 +36,17 @@ INDEX_PREFETCH = Choice("index_prefetch", (8, 0, 16), doc=(
 
 PREFETCH = Choice("prefetch", (1, 0, 2, 4, 8), doc=(
     "Software-prefetch distance in samples: before a bag is pooled, the rows of the same table's bag that many "
-    "samples ahead are prefetched (its indices are in the stream the kernel reads anyway). One sample ahead "
-    "already keeps a bag per table in flight, and the next sample's rows arrive while this one computes its "
-    "dot products, which is what fusing the gather into the interaction makes possible; small rows (int8) "
-    "are pooled fast and want several samples ahead; 0 disables it."))
+    "samples ahead are prefetched (its indices are in the stream the kernel reads anyway). Sample by sample, "
+    "one sample ahead already keeps a bag per table in flight, and the next sample's rows arrive while this "
+    "one computes its dot products; table by table (table_block), it is that many bags ahead in the stream "
+    "being pooled. Small rows (int8) are pooled fast and want several samples ahead; 0 disables it."))
+TABLE_BLOCK = Choice("table_block", (0, 16, 64, 256, 512, 1024), doc=(
+    "Samples whose bags are pooled table by table, as one task (0: sample by sample, each sample's 26 bags "
+    "then its dot products). Sample by sample, consecutive bags jump between tables: their index streams and "
+    "rows; table by table, a task walks one table's index stream and rows at a time, which the prefetch "
+    "follows a few bags ahead, and stages its samples' features (block x features x D floats, in L2) for the "
+    "dot products after. A C loop over DLRM's 26 tables at 8 per bag gathered 20-28% faster table by table "
+    "(blocks of 16 to 512) than sample by sample."))
 ACCUMULATOR = Choice("accumulator", ("local", "scratch"), doc=(
     "Where a bag is pooled: 'local' sums its rows in a D-float accumulator on the stack (LLVM keeps it in "
     "registers) and copies it once into the sample's staged features; 'scratch' adds each row straight into "
@@ -68,16 +76,17 @@ def space(w: Workload, target: Any) -> Space:
     return Space(
         [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, DIM_UNROLL.only(unrolls),
          PREFETCH, prefetch_lines(w.rows_format), UNROLL.only(u for u in UNROLL.options if u <= w.pooling[1] or u == 1),
-         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",)), INDEX_PREFETCH],
+         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",)), INDEX_PREFETCH, TABLE_BLOCK],
         [
             Constraint("the SIMD dot products' knobs only matter for intrinsic simd", simd_knobs_for_simd),
             Constraint(f"AMX loads its tile configuration once per task (about a thousand cycles): tasks of "
-                       f"{AMX_MIN_SAMPLES} samples or more", lambda c: c[INTRINSIC] == "simd"
+                       f"{AMX_MIN_SAMPLES} samples or more", lambda c: c[INTRINSIC] == "simd" or c[TABLE_BLOCK] > 0
                        or c[THREADING] == "serial" or c[SAMPLES_PER_TASK] >= AMX_MIN_SAMPLES),
             Constraint("AMX's dot products are short, so the gather's latency shows: rows prefetched whole",
                        lambda c: c[INTRINSIC] == "simd" or c[PREFETCH] == 0 or c[PREFETCH_LINES] == whole_row),
-            Constraint("samples_per_task only matters for parallel threading",
-                       lambda c: c[THREADING] == "parallel" or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
+            Constraint("samples_per_task only matters for parallel threading sample by sample (table by table "
+                       "a task is a table block)", lambda c: (c[THREADING] == "parallel" and c[TABLE_BLOCK] == 0)
+                       or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB)",
                        lambda c: c[PAIRS_PER_BLOCK] * c[LANES] < _STACK_FLOATS),
             Constraint("dim_unroll must divide the number of D chunks (D padded to the lanes, / lanes)",
@@ -89,17 +98,23 @@ def space(w: Workload, target: Any) -> Space:
 
 
 def schedule(sch: Any, w: Workload, cfg: Config) -> None:
-    """Samples over cores; SIMD over the staging copies and the accumulator's setting; the dot products as the
-    interaction's (D chunks split by dim_unroll, the pair block's accumulators unrolled, lanes vectorised)."""
+    """Samples (or table blocks) over cores; SIMD over the staging copies and the accumulator's setting; the dot
+    products as the interaction's (D chunks split by dim_unroll, the pair block's accumulators unrolled, lanes
+    vectorised)."""
     vec, unroll = cfg[LANES], cfg[DIM_UNROLL]
     if _chunks(w, vec) % unroll:
         raise InvalidConfig(f"dim_unroll {unroll} does not divide the {_chunks(w, vec)} chunks of {vec} lanes")
     if cfg[PAIRS_PER_BLOCK] * vec >= _STACK_FLOATS:
         raise InvalidConfig(f"pairs_per_block {cfg[PAIRS_PER_BLOCK]} x lanes {vec} accumulators exceed the stack")
-    (b,) = sch.get_loops(sch.get_sblock("sample"))
-    if cfg[THREADING] == "parallel":
-        tasks, _ = sch.split(b, [None, cfg[SAMPLES_PER_TASK]])
-        sch.parallel(tasks)
+    if cfg[TABLE_BLOCK]:
+        (blocks,) = sch.get_loops(sch.get_sblock("task"))
+        if cfg[THREADING] == "parallel":
+            sch.parallel(blocks)
+    else:
+        (b,) = sch.get_loops(sch.get_sblock("sample"))
+        if cfg[THREADING] == "parallel":
+            tasks, _ = sch.split(b, [None, cfg[SAMPLES_PER_TASK]])
+            sch.parallel(tasks)
     lanes = feature_lanes(w)
     simd(sch, sch.get_sblock("acc_init"), lanes)
     for name in ("stage_x",) + (("stage_bag",) if cfg[ACCUMULATOR] == "local" else ()):
@@ -131,8 +146,9 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     check_llvm("embedding_interaction", target)
     amx_every = 0
     if cfg[INTRINSIC] == "amx":  # the tile configuration at each task's first sample (serial: the first only)
-        amx_every = cfg[SAMPLES_PER_TASK] if cfg[THREADING] == "parallel" else 1 << 30
+        amx_every = (cfg[TABLE_BLOCK] or cfg[SAMPLES_PER_TASK]) if cfg[THREADING] == "parallel" else 1 << 30
     sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PREFETCH], cfg[PREFETCH_LINES],
-                           cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every, cfg[INDEX_PREFETCH]))
+                           cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every, cfg[INDEX_PREFETCH],
+                           cfg[TABLE_BLOCK]))
     schedule(sch, w, cfg)
     return sch.mod

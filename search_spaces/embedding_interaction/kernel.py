@@ -63,12 +63,13 @@ def feature_lanes(w: Workload) -> int:
 @functools.lru_cache(maxsize=64)
 def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "transpose", prefetch: int = 0,
             prefetch_lines: int = 1, unroll: int = 1, local: bool = True, amx_every: int = 0,
-            index_ahead: int = 0) -> Any:
+            index_ahead: int = 0, table_block: int = 0) -> Any:
     """The fused kernel for one dot-product SIMD width, pair block and cross-lane reduction, prefetch distance
     (samples; 0: none) and width (cache lines of a row), rows unrolled per bag, and accumulator; `amx_every` > 0:
     the dot products on AMX tiles instead (`amx_fits`; the tile configuration loaded at every sample whose
-    index is a multiple of it: each parallel task's first). Cached: parsing takes a few hundred ms and
-    schedules never mutate their input module."""
+    index is a multiple of it: each parallel task's first); `table_block` > 0: the bags of blocks of that many
+    samples pooled table by table (the block "task"), else sample by sample (the block "sample"). Cached:
+    parsing takes a few hundred ms and schedules never mutate their input module."""
     import tvm
     from tvm.script import tirx as T
 
@@ -79,8 +80,9 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
         raise InvalidConfig(f"lanes {lanes} and pairs_per_block {pairs_per_block} must be powers of two")
     if hsum not in ("transpose", "tree"):
         raise InvalidConfig(f"unknown hsum {hsum!r}")
-    if unroll < 1 or prefetch < 0:
-        raise ValueError(f"unroll must be positive and prefetch not negative, got {unroll} and {prefetch}")
+    if unroll < 1 or prefetch < 0 or table_block < 0:
+        raise ValueError(f"unroll must be positive, prefetch and table_block not negative, got {unroll}, {prefetch} "
+                         f"and {table_block}")
     dw = w.dots
     D, NT, F, P = w.dim, w.tables, dw.features, dw.pairs
     O = D + P
@@ -90,6 +92,8 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
     NBLK = len(_row_blocks(dw, PB))
     TAB = NBLK * 4  # per block: row offset, first column's offset, output position, valid pairs
     FR = F + PB - 1  # a block may run past the diagonal: zero rows to read there
+    FS = FR * Dp  # one sample's staged features (its rows padded to Dp, then the zero rows)
+    G = table_block
     levels = _reduction_levels(PB, VL, hsum == "transpose")
     L = len(levels)
     if L > 4:
@@ -312,9 +316,9 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
             Bt[s, nb, r, T.ramp(0, 1, 16)] = v0[T.ramp(r * 16, 1, 16)]
 
     @T.macro
-    def amx_dots(feat, Out, vb):
+    def amx_dots(feat, fb, Out, vb):
         with T.sblock("amx_dots"):
-            T.reads(feat[0:FR * Dp])
+            T.reads(feat[fb:fb + FS])
             T.writes(Out[vb, D:O])
             A = T.sblock_alloc_buffer((FT, D // 2), "int32")  # bf16 pairs
             Bt = T.sblock_alloc_buffer((KS, MT, 16, 16), "int32")
@@ -324,7 +328,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                 for c in T.unroll(KS):
                     A[f, T.ramp(c * 16, 1, 16)] = T.reinterpret("int32x16", T.call_llvm_pure_intrin(
                         "int16x32", "llvm.x86.avx512bf16.cvtne2ps2bf16.512",
-                        feat[T.ramp(f * Dp + c * AMX_K + 16, 1, 16)], feat[T.ramp(f * Dp + c * AMX_K, 1, 16)]))
+                        feat[T.ramp(fb + f * Dp + c * AMX_K + 16, 1, 16)], feat[T.ramp(fb + f * Dp + c * AMX_K, 1, 16)]))
             for s in T.unroll(KS):
                 for nb in T.unroll(MT):
                     transpose_pairs(A, Bt, s, nb)
@@ -357,14 +361,14 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                     Out[vb, D + (i * (i + 2 * diag - 1)) // 2 + j] = G[i, j]
 
     @T.macro
-    def dots(feat, tab, Out, vb):
+    def dots(feat, fb, tab, Out, vb):
         for k0 in range((FR - F) * Dp // VL):  # zero rows past the last feature
             for k1 in T.vectorized(VL):
-                feat[F * Dp + k0 * VL + k1] = T.float32(0)
+                feat[fb + F * Dp + k0 * VL + k1] = T.float32(0)
         for blk in range(NBLK):
             with T.sblock("pair_block"):
                 vblk = T.axis.spatial(NBLK, blk)
-                T.reads(feat[0:FR * Dp], tab[0:TAB])
+                T.reads(feat[fb:fb + FS], tab[0:TAB])
                 T.writes(Out[vb, D:O])
                 acc = T.sblock_alloc_buffer((PB * VL,), "float32")
                 r0 = T.sblock_alloc_buffer((sizes[0],), "float32")
@@ -378,26 +382,57 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                         with T.init():
                             acc[vq * VL + vl] = T.float32(0)
                         acc[vq * VL + vl] = acc[vq * VL + vl] + (
-                            feat[tab[vblk * 4] + vc * VL + vl]
-                            * feat[tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
+                            feat[fb + tab[vblk * 4] + vc * VL + vl]
+                            * feat[fb + tab[vblk * 4 + 1] + vq * Dp + vc * VL + vl])
                 reduce_and_store(acc, r0, r1, r2, r3, Out, vb, tab[vblk * 4 + 2], tab[vblk * 4 + 3])
 
-    # ---- one sample ----------------------------------------------------------------------------------------
+    # ---- one sample's pieces, then the two orders ----------------------------------------------------------
     @T.macro
-    def samples(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
+    def stage_x(X, Out, feat, fb, vb):
+        for d0 in range(D // V):  # the dense part of the output row (plain code: one writer block)
+            for d1 in lanes_of(V):
+                Out[vb, d0 * V + d1] = X[vb, d0 * V + d1]
+        for d in range(D):
+            with T.sblock("stage_x"):
+                vd = T.axis.spatial(D, d)
+                feat[fb + vd] = X[vb, vd]
+
+    @T.macro
+    def bag(W, S, TO, Bags, It, Ot, feat, fb, Flag, vt, vb, NB, R):
+        # bag (vt, vb) pooled into the staged feature vt + 1 of the sample whose features start at fb
+        if index_ahead > 0:
+            prefetch_indices(Bags, It, Ot, vt, vb, NB)
+        if local:
+            A = T.sblock_alloc_buffer((D,), "float32", scope=SCRATCH_SCOPE)
+            pool(W, S, TO, Bags, It, Ot, A, 0, Flag, vt, vb, NB, R)
+            for d2 in range(D):
+                with T.sblock("stage_bag"):
+                    vd2 = T.axis.spatial(D, d2)
+                    feat[fb + (vt + 1) * Dp + vd2] = A[vd2]
+        else:
+            pool(W, S, TO, Bags, It, Ot, feat, fb + (vt + 1) * Dp, Flag, vt, vb, NB, R)
+
+    @T.macro
+    def interact(feat, fb, tab, Out, vb):
+        for f, d in T.grid(F, Dp - D):
+            with T.sblock("stage_pad"):
+                vf, vd = T.axis.remap("SS", [f, d])
+                feat[fb + vf * Dp + D + vd] = T.float32(0)
+        if amx_every > 0:
+            amx_dots(feat, fb, Out, vb)
+        else:
+            dots(feat, fb, tab, Out, vb)
+
+    @T.macro
+    def by_sample(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
+        # each sample's 26 bags, then its dot products: its features stay in L1
         for b in range(NB):
             with T.sblock("sample"):
                 vb = T.axis.spatial(NB, b)
                 T.reads(X[vb, 0:D], Bags[0:BAG_FIELDS, 0:NT], TO[0:NT + 1], W[0:R, 0:WD], tab[0:TAB])
                 T.writes(Out[vb, 0:O])  # and the flag (a benign race: not a region the schedule orders)
-                feat = T.sblock_alloc_buffer((FR * Dp,), "float32")
-                for d0 in range(D // V):  # the dense part of the output row (plain code: one writer block)
-                    for d1 in lanes_of(V):
-                        Out[vb, d0 * V + d1] = X[vb, d0 * V + d1]
-                for d in range(D):
-                    with T.sblock("stage_x"):
-                        vd = T.axis.spatial(D, d)
-                        feat[vd] = X[vb, vd]
+                feat = T.sblock_alloc_buffer((FS,), "float32")
+                stage_x(X, Out, feat, 0, vb)
                 for t in range(NT):
                     with T.sblock("bag"):
                         vt = T.axis.spatial(NT, t)
@@ -405,32 +440,49 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
                         T.writes(feat[(vt + 1) * Dp:(vt + 1) * Dp + D])
                         It = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_INDICES, vt), align=ialign)
                         Ot = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_OFFSETS, vt), align=ialign)
-                        if index_ahead > 0:
-                            prefetch_indices(Bags, It, Ot, vt, vb, NB)
-                        if local:
-                            A = T.sblock_alloc_buffer((D,), "float32", scope=SCRATCH_SCOPE)
-                            pool(W, S, TO, Bags, It, Ot, A, 0, Flag, vt, vb, NB, R)
-                            for d2 in range(D):
-                                with T.sblock("stage_bag"):
-                                    vd2 = T.axis.spatial(D, d2)
-                                    feat[(vt + 1) * Dp + vd2] = A[vd2]
-                        else:
-                            pool(W, S, TO, Bags, It, Ot, feat, (vt + 1) * Dp, Flag, vt, vb, NB, R)
-                for f, d in T.grid(F, Dp - D):
-                    with T.sblock("stage_pad"):
-                        vf, vd = T.axis.remap("SS", [f, d])
-                        feat[vf * Dp + D + vd] = T.float32(0)
-                if amx_every > 0:
-                    amx_dots(feat, Out, vb)
-                else:
-                    dots(feat, tab, Out, vb)
+                        bag(W, S, TO, Bags, It, Ot, feat, 0, Flag, vt, vb, NB, R)
+                interact(feat, 0, tab, Out, vb)
+
+    @T.macro
+    def by_table(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
+        # blocks of G samples: their bags table by table (one table's index stream and rows at a time, the
+        # prefetch a few bags ahead in it), then each sample's dot products
+        for g in range((NB + G - 1) // G):
+            with T.sblock("task"):
+                vg = T.axis.spatial((NB + G - 1) // G, g)
+                T.reads(X[0:NB, 0:D], Bags[0:BAG_FIELDS, 0:NT], TO[0:NT + 1], W[0:R, 0:WD], tab[0:TAB])
+                T.writes(Out[0:NB, 0:O])  # rows vg * G onwards (and the flag, as by_sample's)
+                feat = T.sblock_alloc_buffer((G * FS,), "float32")
+                for t in range(NT):
+                    with T.sblock("bag"):
+                        vt = T.axis.spatial(NT, t)
+                        T.reads(Bags[0:BAG_FIELDS, 0:NT], TO[vt:vt + 2], W[0:R, 0:WD])
+                        T.writes(feat[0:G * FS])
+                        It = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_INDICES, vt), align=ialign)
+                        Ot = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_OFFSETS, vt), align=ialign)
+                        for s in range(T.min(T.int64(G), NB - vg * G)):
+                            with T.sblock("bag_of_sample"):  # its blocks see the sample as a block var
+                                vs = T.axis.spatial(G, s)
+                                T.reads(Bags[0:BAG_FIELDS, 0:NT], TO[vt:vt + 2], W[0:R, 0:WD])
+                                T.writes(feat[vs * FS + (vt + 1) * Dp:vs * FS + (vt + 1) * Dp + D])
+                                bag(W, S, TO, Bags, It, Ot, feat, vs * FS, Flag, vt, vg * G + vs, NB, R)
+                for s in range(T.min(T.int64(G), NB - vg * G)):
+                    with T.sblock("sample"):
+                        vs = T.axis.spatial(G, s)
+                        T.reads(X[vg * G + vs, 0:D], feat[vs * FS:vs * FS + FS], tab[0:TAB])
+                        T.writes(Out[vg * G + vs, 0:O])
+                        stage_x(X, Out, feat, vs * FS, vg * G + vs)
+                        interact(feat, vs * FS, tab, Out, vg * G + vs)
 
     @T.macro
     def body(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
         check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
         check_bags(Bags, Flag, NB)
         if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
-            samples(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
+            if G > 0:
+                by_table(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
+            else:
+                by_sample(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
         else:  # flagged: zeros, not whatever the output's memory held
             for b, d in T.grid(NB, O):
                 with T.sblock("zero"):

@@ -72,6 +72,23 @@ def test_both_accumulators_and_unrolled_rows_agree_with_pytorch():
         assert judge(out, exp).why is None, f"{change}: {judge(out, exp).why}"
 
 
+@pytest.mark.parametrize("case", ["multi-hot-dim12", "int8-int32-index", "bfloat16-9-tables"])
+def test_table_blocks_agree_with_pytorch(case):
+    """Bags pooled table by table in blocks of samples: a block larger than the batch, blocks whose last is
+    partial (37 = 2 x 16 + 5), serial and parallel, with and without the row and index prefetches."""
+    for batch in (CASES[case]["batch"], 37):
+        task = make_task("embedding_interaction", "cpu", **{**CASES[case], "batch": batch})
+        w = task.workload
+        inputs = TPL.inputs(w, 6)
+        exp = expected(TPL, w, *inputs)
+        base = task.space.default().as_dict()
+        for change in ({"table_block": 16, "prefetch": 2}, {"table_block": 64, "threading": "serial"},
+                       {"table_block": 16, "prefetch": 0, "index_prefetch": 0, "accumulator": "scratch"}):
+            cfg = task.space.from_json({**base, **change})
+            out = _kernel(task, cfg)(*inputs)
+            assert judge(out, exp).why is None, f"batch {batch}, {change}: {judge(out, exp).why}"
+
+
 AMX_FLAGS = {"amx_tile", "amx_bf16", "avx512_bf16"}
 AMX_CASES = {
     # one row block of features (11: MT = 1), two (27, the DLRM's; 32, the most), the diagonal kept, 1-3 k-steps
@@ -100,9 +117,10 @@ def test_amx_dot_products_are_the_gram_matrix_of_bf16_rounded_features(case):
     rounded = dot_interaction(x.bfloat16().double(), ly.bfloat16().double(), w.self_interaction)[:, w.dim:]
     exp = expected(TPL, w, *inputs)
     amx = [c for c in task.space if c.as_dict()["intrinsic"] == "amx"]
-    picks = {(d["threading"], d["samples_per_task"]): c for c in amx for d in [c.as_dict()]}
+    picks = {(d["threading"], d["samples_per_task"]): c for c in amx for d in [c.as_dict()] if not d["table_block"]}
     assert min(spt for threading, spt in picks if threading == "parallel") == 8  # ldtilecfg amortised
-    for cfg in (picks[("parallel", 8)], picks[("parallel", 64)], picks[("serial", 8)]):
+    blocked = next(c for c in amx if c.as_dict()["table_block"] == 16 and c.as_dict()["threading"] == "parallel")
+    for cfg in (picks[("parallel", 8)], picks[("parallel", 64)], picks[("serial", 8)], blocked):
         out = _kernel(task, cfg)(*inputs)
         assert torch.equal(out[:, :w.dim], x), str(cfg)
         if w.dtype != "int8":
