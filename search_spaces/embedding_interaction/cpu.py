@@ -7,6 +7,7 @@ task's bags are pooled, and whether the dot products run in SIMD lanes or on AMX
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .. import intrinsics
@@ -17,8 +18,8 @@ from .kernel import amx_fits, compute, feature_lanes, next_pow2, padded_dim
 from .workload import Workload
 
 __all__ = ["ACCUMULATOR", "DIM_UNROLL", "HSUM", "INDEX_PREFETCH", "INTRINSIC", "LANES", "PAIRS_PER_BLOCK",
-           "PREFETCH", "PREFETCH_LINES", "SAMPLES_PER_TASK", "TABLE_BLOCK", "THREADING", "UNROLL", "lower",
-           "schedule", "space"]
+           "ORDER", "PREFETCH", "PREFETCH_LINES", "SAMPLES_PER_TASK", "TABLE_BLOCK", "THREADING", "UNROLL",
+           "lower", "schedule", "space"]
 
 INTRINSIC = Choice("intrinsic", ("simd", "amx"), doc=(
     "How the dot products run: 'simd' in fp32 SIMD lanes along D, pairs reduced across lanes (the lanes, pair "
@@ -38,15 +39,19 @@ PREFETCH = Choice("prefetch", (1, 0, 2, 4, 8), doc=(
     "Software-prefetch distance in samples: before a bag is pooled, the rows of the same table's bag that many "
     "samples ahead are prefetched (its indices are in the stream the kernel reads anyway). Sample by sample, "
     "one sample ahead already keeps a bag per table in flight, and the next sample's rows arrive while this "
-    "one computes its dot products; table by table (table_block), it is that many bags ahead in the stream "
+    "one computes its dot products; table by table (order), it is that many bags ahead in the stream "
     "being pooled. Small rows (int8) are pooled fast and want several samples ahead; 0 disables it."))
-TABLE_BLOCK = Choice("table_block", (0, 16, 64, 256, 512, 1024), doc=(
-    "Samples whose bags are pooled table by table, as one task (0: sample by sample, each sample's 26 bags "
-    "then its dot products). Sample by sample, consecutive bags jump between tables: their index streams and "
-    "rows; table by table, a task walks one table's index stream and rows at a time, which the prefetch "
-    "follows a few bags ahead, and stages its samples' features (block x features x D floats, in L2) for the "
-    "dot products after. A C loop over DLRM's 26 tables at 8 per bag gathered 20-28% faster table by table "
-    "(blocks of 16 to 512) than sample by sample."))
+ORDER = Choice("order", ("sample", "table"), doc=(
+    "The order a task pools its bags in: 'sample', each sample's 26 bags then its dot products (its features "
+    "stay in L1); 'table', the bags of a block of samples (table_block) table by table, then each sample's dot "
+    "products from features staged in L2. Sample by sample, consecutive bags jump between tables, their index "
+    "streams and rows; table by table, a task walks one table's index stream and rows at a time, which the "
+    "prefetch follows a few bags ahead: a C loop over DLRM's 26 tables at 8 per bag gathered 20-28% faster so. "
+    "One row per bag, the bags' misses already overlap sample by sample."))
+TABLE_BLOCK = Choice("table_block", (256, 16, 64, 512, 1024), doc=(
+    "Samples whose bags one task pools table by table (order 'table'): longer blocks stay longer in each "
+    "table's stream (fewer restarts of the prefetch), shorter ones keep the staged features (block x features "
+    "x D floats) nearer and give more tasks to spread over cores."))
 ACCUMULATOR = Choice("accumulator", ("local", "scratch"), doc=(
     "Where a bag is pooled: 'local' sums its rows in a D-float accumulator on the stack (LLVM keeps it in "
     "registers) and copies it once into the sample's staged features; 'scratch' adds each row straight into "
@@ -68,6 +73,7 @@ def space(w: Workload, target: Any) -> Space:
     unrolls = [u for u in DIM_UNROLL.options if any(_chunks(w, v) % u == 0 for v in lanes)]
     amx = amx_fits(w) and intrinsics.cpu_has(target, *AMX_CPU_FEATURES)
     whole_row = max(prefetch_lines(w.rows_format).options)
+    blocks = TABLE_BLOCK.only(b for b in TABLE_BLOCK.options if b <= max(w.batch, min(TABLE_BLOCK.options)))
 
     def simd_knobs_for_simd(c: Config) -> bool:  # AMX's dot products have no lanes, pair block or reduction
         pinned = c[LANES] == lanes[0] and all(c[k] == k.options[0] for k in (PAIRS_PER_BLOCK, HSUM, DIM_UNROLL))
@@ -76,25 +82,28 @@ def space(w: Workload, target: Any) -> Space:
     return Space(
         [THREADING, SAMPLES_PER_TASK, LANES.only(lanes), PAIRS_PER_BLOCK, HSUM, DIM_UNROLL.only(unrolls),
          PREFETCH, prefetch_lines(w.rows_format), UNROLL.only(u for u in UNROLL.options if u <= w.pooling[1] or u == 1),
-         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",)), INDEX_PREFETCH, TABLE_BLOCK],
+         ACCUMULATOR, INTRINSIC.only(INTRINSIC.options if amx else ("simd",)), INDEX_PREFETCH, ORDER,
+         blocks],
         [
             Constraint("the SIMD dot products' knobs only matter for intrinsic simd", simd_knobs_for_simd),
             Constraint(f"AMX loads its tile configuration once per task (about a thousand cycles): tasks of "
-                       f"{AMX_MIN_SAMPLES} samples or more", lambda c: c[INTRINSIC] == "simd" or c[TABLE_BLOCK] > 0
+                       f"{AMX_MIN_SAMPLES} samples or more", lambda c: c[INTRINSIC] == "simd" or c[ORDER] == "table"
                        or c[THREADING] == "serial" or c[SAMPLES_PER_TASK] >= AMX_MIN_SAMPLES),
             Constraint("AMX's dot products are short, so the gather's latency shows: rows prefetched whole",
                        lambda c: c[INTRINSIC] == "simd" or c[PREFETCH] == 0 or c[PREFETCH_LINES] == whole_row),
             Constraint("samples_per_task only matters for parallel threading sample by sample (table by table "
-                       "a task is a table block)", lambda c: (c[THREADING] == "parallel" and c[TABLE_BLOCK] == 0)
+                       "a task is a table block)", lambda c: (c[THREADING] == "parallel" and c[ORDER] == "sample")
                        or c[SAMPLES_PER_TASK] == SAMPLES_PER_TASK.options[0]),
             Constraint(f"pairs_per_block x lanes accumulators must stay under {_STACK_FLOATS} floats (1 KiB)",
                        lambda c: c[PAIRS_PER_BLOCK] * c[LANES] < _STACK_FLOATS),
             Constraint("dim_unroll must divide the number of D chunks (D padded to the lanes, / lanes)",
                        lambda c: _chunks(w, c[LANES]) % c[DIM_UNROLL] == 0),
+            Constraint("table_block only matters table by table",
+                       lambda c: c[ORDER] == "table" or c[TABLE_BLOCK] == blocks.options[0]),
             Constraint("prefetch_lines only matters with prefetch on",
                        lambda c: c[PREFETCH] > 0 or c[PREFETCH_LINES] == PREFETCH_LINES.options[0]),
         ],
-        paths=[INTRINSIC.name])  # AMX's few configs sampled as often as SIMD's many
+        paths=[INTRINSIC.name, ORDER.name])  # AMX's few configs sampled as often as SIMD's many
 
 
 def schedule(sch: Any, w: Workload, cfg: Config) -> None:
@@ -106,10 +115,10 @@ def schedule(sch: Any, w: Workload, cfg: Config) -> None:
         raise InvalidConfig(f"dim_unroll {unroll} does not divide the {_chunks(w, vec)} chunks of {vec} lanes")
     if cfg[PAIRS_PER_BLOCK] * vec >= _STACK_FLOATS:
         raise InvalidConfig(f"pairs_per_block {cfg[PAIRS_PER_BLOCK]} x lanes {vec} accumulators exceed the stack")
-    if cfg[TABLE_BLOCK]:
-        (blocks,) = sch.get_loops(sch.get_sblock("task"))
+    if cfg[ORDER] == "table":
+        (task_loop,) = sch.get_loops(sch.get_sblock("task"))
         if cfg[THREADING] == "parallel":
-            sch.parallel(blocks)
+            sch.parallel(task_loop)
     else:
         (b,) = sch.get_loops(sch.get_sblock("sample"))
         if cfg[THREADING] == "parallel":
@@ -146,9 +155,12 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     check_llvm("embedding_interaction", target)
     amx_every = 0
     if cfg[INTRINSIC] == "amx":  # the tile configuration at each task's first sample (serial: the first only)
-        amx_every = (cfg[TABLE_BLOCK] or cfg[SAMPLES_PER_TASK]) if cfg[THREADING] == "parallel" else 1 << 30
-    sch = Schedule(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PREFETCH], cfg[PREFETCH_LINES],
-                           cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every, cfg[INDEX_PREFETCH],
-                           cfg[TABLE_BLOCK]))
+        task = cfg[TABLE_BLOCK] if cfg[ORDER] == "table" else cfg[SAMPLES_PER_TASK]
+        amx_every = task if cfg[THREADING] == "parallel" else 1 << 30
+    # scheduled on a copy: TVM's schedule edits in place the nodes it finds referenced once, and below the
+    # module the cache holds they are (the table order's row loop was split in the cached module itself)
+    sch = Schedule(copy.deepcopy(compute(w, cfg[LANES], cfg[PAIRS_PER_BLOCK], cfg[HSUM], cfg[PREFETCH],
+                                         cfg[PREFETCH_LINES], cfg[UNROLL], cfg[ACCUMULATOR] == "local", amx_every,
+                                         cfg[INDEX_PREFETCH], cfg[TABLE_BLOCK] if cfg[ORDER] == "table" else 0)))
     schedule(sch, w, cfg)
     return sch.mod

@@ -1,7 +1,7 @@
 """The fused CPU kernel as TVMScript: each sample's bags pooled straight from the tables into its features,
 then its dot interaction, without the (B, T, D) pooled rows between them.
 
-One pass per sample (the samples spread over cores):
+Per sample (the samples spread over cores):
   1. x is written to the front of the output row and staged as feature 0 of a small per-sample buffer (F rows
      of D floats zero-padded to the SIMD width, the interaction kernel's: it stays in L1);
   2. each table's bag is pooled from the tables into feature t + 1, through a register accumulator (`local`)
@@ -13,6 +13,10 @@ One pass per sample (the samples spread over cores):
   3. the kept dot products, the interaction kernel's way (search_spaces.interaction.cpu): blocks of pairs along
      a row of the triangle, one SIMD accumulator per pair, reduced across lanes by a shuffle network
      (`hsum`: "transpose" or "tree"), each block's sums stored once, contiguous in the output row.
+Two orders (`table_block`): sample by sample, steps 1-3 for one sample, then the next ("sample" blocks); or
+table by table over a block of samples ("task" blocks), step 2 for each table's bags of the block in turn (one
+index stream and one table's rows at a time, the prefetch a few bags ahead in them), the features of the whole
+block staged, then steps 1 and 3 per sample.
 Offsets (per table, against its first index and end) and table offsets are checked as boundaries before the
 gather (embedding_bag's kernel.py); when they are bad nothing is gathered and the output is zeros. The batch is
 symbolic; tables, dimension, triangle and row format are compiled in.

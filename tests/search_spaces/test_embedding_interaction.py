@@ -82,8 +82,9 @@ def test_table_blocks_agree_with_pytorch(case):
         inputs = TPL.inputs(w, 6)
         exp = expected(TPL, w, *inputs)
         base = task.space.default().as_dict()
-        for change in ({"table_block": 16, "prefetch": 2}, {"table_block": 64, "threading": "serial"},
+        for change in ({"table_block": 16, "prefetch": 2}, {"table_block": 16, "threading": "serial"},
                        {"table_block": 16, "prefetch": 0, "index_prefetch": 0, "accumulator": "scratch"}):
+            change = {"order": "table", "samples_per_task": 8, **change}
             cfg = task.space.from_json({**base, **change})
             out = _kernel(task, cfg)(*inputs)
             assert judge(out, exp).why is None, f"batch {batch}, {change}: {judge(out, exp).why}"
@@ -117,9 +118,10 @@ def test_amx_dot_products_are_the_gram_matrix_of_bf16_rounded_features(case):
     rounded = dot_interaction(x.bfloat16().double(), ly.bfloat16().double(), w.self_interaction)[:, w.dim:]
     exp = expected(TPL, w, *inputs)
     amx = [c for c in task.space if c.as_dict()["intrinsic"] == "amx"]
-    picks = {(d["threading"], d["samples_per_task"]): c for c in amx for d in [c.as_dict()] if not d["table_block"]}
+    picks = {(d["threading"], d["samples_per_task"]): c for c in amx for d in [c.as_dict()] if d["order"] == "sample"}
     assert min(spt for threading, spt in picks if threading == "parallel") == 8  # ldtilecfg amortised
-    blocked = next(c for c in amx if c.as_dict()["table_block"] == 16 and c.as_dict()["threading"] == "parallel")
+    blocked = next(c for c in amx if c.as_dict()["order"] == "table" and c.as_dict()["table_block"] == 16
+                   and c.as_dict()["threading"] == "parallel")
     for cfg in (picks[("parallel", 8)], picks[("parallel", 64)], picks[("serial", 8)], blocked):
         out = _kernel(task, cfg)(*inputs)
         assert torch.equal(out[:, :w.dim], x), str(cfg)
