@@ -13,7 +13,7 @@ Per sample (the samples spread over cores):
   3. the kept dot products, the interaction kernel's way (search_spaces.interaction.cpu): blocks of pairs along
      a row of the triangle, one SIMD accumulator per pair, reduced across lanes by a shuffle network
      (`hsum`: "transpose" or "tree"), each block's sums stored once, contiguous in the output row.
-Two orders (`table_block`): sample by sample, steps 1-3 for one sample, then the next ("sample" blocks); or
+Two orders (cpu.py's `order`): sample by sample, steps 1-3 for one sample, then the next ("sample" blocks); or
 table by table over a block of samples ("task" blocks), step 2 for each table's bags of the block in turn (one
 index stream and one table's rows at a time, the prefetch a few bags ahead in them), the features of the whole
 block staged, then steps 1 and 3 per sample.
@@ -73,7 +73,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
     the dot products on AMX tiles instead (`amx_fits`; the tile configuration loaded at every sample whose
     index is a multiple of it: each parallel task's first); `table_block` > 0: the bags of blocks of that many
     samples pooled table by table (the block "task"), else sample by sample (the block "sample"). Cached:
-    parsing takes a few hundred ms and schedules never mutate their input module."""
+    parsing takes a few hundred ms (cpu.lower schedules a copy)."""
     import tvm
     from tvm.script import tirx as T
 

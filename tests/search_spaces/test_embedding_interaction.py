@@ -253,6 +253,22 @@ def test_check_inputs_names_the_operator_for_the_bags_and_x():
         TPL.check_inputs(w, x, weight, table_offsets, indices.int(), offsets)
 
 
+def test_the_pooling_order_is_a_path_and_table_blocks_fit_the_batch():
+    """Sample and table order are sampled as often as each other (a path each), whatever their shares of the
+    space; a block only matters table by table, and blocks past the batch are one block (the smallest kept)."""
+    space = make_task("embedding_interaction", "cpu", rows=(9,) * 4, dim=16, batch=300, pooling=(8, 8)).space
+    assert space.paths == ("intrinsic", "order")
+    configs = [c.as_dict() for c in space]
+    assert {c["table_block"] for c in configs if c["order"] == "table"} == {16, 64, 256}
+    assert {c["table_block"] for c in configs if c["order"] == "sample"} == {256}
+    assert {c["samples_per_task"] for c in configs if c["order"] == "table"} == {8}  # the block is the task
+    rng = random.Random(0)
+    orders = [space.sample(rng).as_dict()["order"] for _ in range(400)]
+    assert 150 < orders.count("table") < 250
+    small = make_task("embedding_interaction", "cpu", rows=(9,) * 4, dim=16, batch=5, pooling=(8, 8)).space
+    assert next(k for k in small.knobs if k.name == "table_block").values == (16,)
+
+
 def test_it_runs_on_cpus_only():
     assert TPL.DEVICE_KINDS == ("cpu",)
     with pytest.raises(InvalidConfig, match="embedding_interaction runs on CPUs only"):
