@@ -664,3 +664,30 @@ def test_every_template_rule_is_exposed_by_priority():
                                              ("batched_embedding_bag", 10, False, ())],
                    "embedding_bag": [("embedding_bag", 20, False, ())],
                    "interaction": [("interaction", 30, False, ())], "qmatmul": [("qmatmul", 40, True, ())]}
+
+
+def test_the_example_indices_skew_reaches_the_bag_tasks():
+    """Tables whose example lookups repeat rows as Zipf traffic does are tuned on Zipf rows (`dist=zipf:S`, the
+    median exponent of the large tables); uniform lookups, small tables and thin samples leave the default."""
+    import numpy as np
+    from search_spaces.embedding_bag.graph import Bag, traffic, zipf_exponent_of
+    from search_spaces.embedding_bag.workload import row_indices
+
+    rng = np.random.default_rng(0)
+    zipf = torch.from_numpy(row_indices(200_000, 16_384, "zipf", 1.1, rng))
+    uniform = torch.from_numpy(rng.integers(0, 200_000, 16_384))
+    assert zipf_exponent_of(zipf, 200_000) in (1.05, 1.1, 1.2)
+    assert zipf_exponent_of(uniform, 200_000) is None
+    assert zipf_exponent_of(zipf % 500, 500) is None  # small: in cache whatever the traffic
+    assert zipf_exponent_of(zipf[:100], 200_000) is None  # too few lookups to tell
+    assert zipf_exponent_of(zipf.int(), 1_000) is None  # an index past the table: the kernel's checks say so
+
+    def bag(rows, exponent):
+        return Bag(node=None, out=None, weight=None, indices=None, offsets=None, per_sample_weights=None,
+                   mode="sum", include_last_offset=False, padding_idx=None, sparse=False, rows=rows, dim=8,
+                   batch=4, pooling=(1, 1), index_dtype="int64", device=torch.device("cpu"), zipf_exponent=exponent)
+
+    assert traffic([bag(200_000, 1.1), bag(50_000, 0.9), bag(9_000, 1.0), bag(10, None)]) == dict(
+        distribution="zipf", zipf_exponent=1.0)
+    assert traffic([bag(200_000, 1.1), bag(50_000, None), bag(9_000, None)]) == {}
+    assert bag(200_000, 1.1).fields()["distribution"] == "zipf" and "distribution" not in bag(200_000, None).fields()

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import torch
 
 from .._graph import attr, has_op, insertion_point, node_order, register, where, workload_error
-from ..embedding_bag.graph import Bag, bags
+from ..embedding_bag.graph import Bag, bags, traffic
 from ..embedding_bag.rows import dequantize, quantize
 from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .torch_op import concat_tables
@@ -137,7 +137,7 @@ def _fields(group: list[Bag]) -> dict[str, Any]:
     first = group[0]
     return dict(rows=tuple(b.rows for b in group), dim=first.dim, batch=first.batch,
                 pooling=(min(b.pooling[0] for b in group), max(b.pooling[1] for b in group)), mode=first.mode,
-                index_dtype=first.index_dtype)
+                index_dtype=first.index_dtype, **traffic(group))
 
 
 def _matches(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str,

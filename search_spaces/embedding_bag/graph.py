@@ -7,17 +7,20 @@ first (the pooled bags). `parse_bag` reads one such node (batched_embedding_bag'
 
 from __future__ import annotations
 
+import functools
 import operator
+import statistics
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from .._graph import attr, insertion_point, is_call, scalar_arg, tensor_value, where, workload_error
 from ..template import GraphMatch, GraphRule, Kept
-from .workload import MODES, Workload, tolerance
+from .workload import MODES, Workload, _zipf_cdf, tolerance
 
-__all__ = ["Bag", "EMBEDDING_BAGS", "RULES", "parse_bag"]
+__all__ = ["Bag", "EMBEDDING_BAGS", "RULES", "parse_bag", "traffic", "zipf_exponent_of"]
 
 aten = torch.ops.aten
 EMBEDDING_BAGS = (aten.embedding_bag.default, aten.embedding_bag.padding_idx)
@@ -46,6 +49,7 @@ class Bag:
     pooling: tuple[int, int]  # (min, max) indices per bag on the example inputs
     index_dtype: str
     device: Any
+    zipf_exponent: float | None = None  # the example indices' skew (`zipf_exponent_of`); None: uniform
 
     @property
     def covered(self) -> tuple[Any, ...]:
@@ -58,7 +62,50 @@ class Bag:
         pad = pad + self.rows if pad is not None and pad < 0 else pad  # as the workload normalises it
         return dict(rows=self.rows, dim=self.dim, batch=self.batch, pooling=self.pooling, mode=self.mode,
                     index_dtype=self.index_dtype, include_last_offset=self.include_last_offset, padding_idx=pad,
-                    per_sample_weights=self.per_sample_weights is not None)
+                    per_sample_weights=self.per_sample_weights is not None, **traffic([self]))
+
+
+# ---- the traffic a model's tables see ---------------------------------------------------------------------
+SKEW_MIN_ROWS = 1000  # smaller tables stay in cache whatever their traffic: no evidence of it
+SKEW_EXPONENTS = (0.0, 0.6, 0.7, 0.8, 0.9, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5)  # 0.0: uniform
+
+
+def zipf_exponent_of(indices: torch.Tensor, rows: int) -> float | None:
+    """The Zipf exponent (of SKEW_EXPONENTS) under which as many of `indices` repeat an earlier row as do in
+    the example, or None where they look uniform, the table is small or the sample too thin to tell. Click logs
+    are skewed (a few rows take most lookups), and a kernel tuned on uniform rows (all misses) is not the one
+    that wins where most rows hit in cache (benchmarks/WHOLE_MODEL.md); a workload's `dist=zipf:S` draws such
+    rows. Repeats, not a fitted slope: with fewer lookups than rows a sample's rank-frequency curve is mostly
+    noise, its repeats are not."""
+    n = int(indices.numel())
+    if rows < SKEW_MIN_ROWS or n < 256:
+        return None
+    idx = indices.to(torch.int64)
+    if int(idx.min()) < 0 or int(idx.max()) >= rows:  # out of range: the kernel's checks say so, later
+        return None
+    repeats = 1.0 - int(torch.unique(idx).numel()) / n
+    best = min(SKEW_EXPONENTS, key=lambda e: abs(_simulated_repeats(rows, n, e) - repeats))
+    return best or None
+
+
+@functools.lru_cache(maxsize=512)
+def _simulated_repeats(rows: int, n: int, exponent: float) -> float:
+    """The share of n lookups that repeat an earlier row, drawn (seeded) uniformly or Zipf(exponent)."""
+    rng = np.random.default_rng(0)
+    if exponent == 0.0:
+        drawn = rng.integers(0, rows, size=n)
+    else:
+        drawn = np.searchsorted(_zipf_cdf(rows, exponent), rng.random(n), side="right")
+    return 1.0 - len(np.unique(drawn)) / n
+
+
+def traffic(bags: Sequence["Bag"]) -> dict[str, Any]:
+    """The workload fields of the bags' traffic: `distribution="zipf"` with the median of the tables' exponents
+    where most of the large tables are skewed, else nothing (uniform: the workloads' default)."""
+    exps = [b.zipf_exponent or 0.0 for b in bags if b.rows >= SKEW_MIN_ROWS]
+    if not exps or statistics.median(exps) == 0.0:
+        return {}
+    return {"distribution": "zipf", "zipf_exponent": float(statistics.median(e for e in exps if e))}
 
 
 def bag_args(node: Any) -> dict[str, Any]:
@@ -121,7 +168,8 @@ def parse_bag(gm: Any, values: dict[str, Any], node: Any) -> Bag | str | None:
                per_sample_weights=a["per_sample_weights"], mode=MODES[a["mode"]],
                include_last_offset=bool(a["include_last_offset"]), padding_idx=a["padding_idx"],
                sparse=bool(a["sparse"]), rows=table.shape[0], dim=table.shape[1], batch=batch, pooling=pooling,
-               index_dtype=_INDEX_DTYPES[indices.dtype], device=table.device)
+               index_dtype=_INDEX_DTYPES[indices.dtype], device=table.device,
+               zipf_exponent=zipf_exponent_of(indices, table.shape[0]))
 
 
 def bags(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[tuple[Any, Bag | str]]:

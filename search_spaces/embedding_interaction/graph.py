@@ -27,7 +27,7 @@ import torch
 
 from .._graph import attr, has_op, insertion_point, is_call, tensor_value, where, workload_error
 from ..batched_embedding_bag.graph import RULE as BAGS, RULE_INT8 as BAGS_INT8, groups, simulated_bag, table_nodes
-from ..embedding_bag.graph import Bag
+from ..embedding_bag.graph import Bag, traffic
 from ..embedding_bag.rows import dequantize, quantize
 from ..interaction.graph import RULE as INTERACTION, features_of, find as interactions
 from ..interaction.workload import dot_interaction
@@ -45,7 +45,7 @@ def _fields(group: list[Bag], self_interaction: bool) -> dict[str, Any]:
     first = group[0]
     return dict(rows=tuple(b.rows for b in group), dim=first.dim, batch=first.batch,
                 pooling=(min(b.pooling[0] for b in group), max(b.pooling[1] for b in group)),
-                self_interaction=self_interaction, index_dtype=first.index_dtype)
+                self_interaction=self_interaction, index_dtype=first.index_dtype, **traffic(group))
 
 
 def _why_not(gm: Any, values: dict[str, Any], group: list[Bag], x: Any) -> str:
