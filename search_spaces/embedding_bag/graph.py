@@ -18,7 +18,7 @@ import torch
 
 from .._graph import attr, insertion_point, is_call, scalar_arg, tensor_value, where, workload_error
 from ..template import GraphMatch, GraphRule, Kept
-from .workload import MODES, Workload, _zipf_cdf, tolerance
+from .workload import MODES, Workload, row_indices, tolerance
 
 __all__ = ["Bag", "EMBEDDING_BAGS", "RULES", "parse_bag", "traffic", "zipf_exponent_of"]
 
@@ -91,11 +91,7 @@ def zipf_exponent_of(indices: torch.Tensor, rows: int) -> float | None:
 @functools.lru_cache(maxsize=512)
 def _simulated_repeats(rows: int, n: int, exponent: float) -> float:
     """The share of n lookups that repeat an earlier row, drawn (seeded) uniformly or Zipf(exponent)."""
-    rng = np.random.default_rng(0)
-    if exponent == 0.0:
-        drawn = rng.integers(0, rows, size=n)
-    else:
-        drawn = np.searchsorted(_zipf_cdf(rows, exponent), rng.random(n), side="right")
+    drawn = row_indices(rows, n, "zipf" if exponent else "uniform", exponent, np.random.default_rng(0))
     return 1.0 - len(np.unique(drawn)) / n
 
 

@@ -42,12 +42,12 @@ PREFETCH = Choice("prefetch", (1, 0, 2, 4, 8), doc=(
     "one computes its dot products; table by table (order), it is that many bags ahead in the stream "
     "being pooled. Small rows (int8) are pooled fast and want several samples ahead; 0 disables it."))
 ORDER = Choice("order", ("sample", "table"), doc=(
-    "The order a task pools its bags in: 'sample', each sample's 26 bags then its dot products (its features "
-    "stay in L1); 'table', the bags of a block of samples (table_block) table by table, then each sample's dot "
-    "products from features staged in L2. Sample by sample, consecutive bags jump between tables, their index "
-    "streams and rows; table by table, a task walks one table's index stream and rows at a time, which the "
-    "prefetch follows a few bags ahead: a C loop over DLRM's 26 tables at 8 per bag gathered 20-28% faster so. "
-    "One row per bag, the bags' misses already overlap sample by sample."))
+    "The order a task pools its bags in: 'sample', each sample's bags (one per table) then its dot products "
+    "(its features stay in L1); 'table', the bags of a block of samples (table_block) table by table, then each "
+    "sample's dot products from the block's staged features. Sample by sample, consecutive bags jump between "
+    "tables, their index streams and rows; table by table, a task walks one table's index stream and rows at a "
+    "time, which the prefetch follows a few bags ahead: a C loop over DLRM's 26 tables at 8 per bag gathered "
+    "20-28% faster so. One row per bag, the bags' misses already overlap sample by sample."))
 TABLE_BLOCK = Choice("table_block", (256, 16, 64, 512, 1024), doc=(
     "Samples whose bags one task pools table by table (order 'table'): longer blocks stay longer in each "
     "table's stream (fewer restarts of the prefetch), shorter ones keep the staged features (block x features "
