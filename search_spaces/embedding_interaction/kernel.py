@@ -97,7 +97,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
     TAB = NBLK * 4  # per block: row offset, first column's offset, output position, valid pairs
     FR = F + PB - 1  # a block may run past the diagonal: zero rows to read there
     FS = FR * Dp  # one sample's staged features (its rows padded to Dp, then the zero rows)
-    G = table_block
+    TB = table_block  # samples a task pools table by table (0: sample by sample)
     levels = _reduction_levels(PB, VL, hsum == "transpose")
     L = len(levels)
     if L > 4:
@@ -429,7 +429,7 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
 
     @T.macro
     def by_sample(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
-        # each sample's 26 bags, then its dot products: its features stay in L1
+        # each sample's bags (one per table), then its dot products: its features stay in L1
         for b in range(NB):
             with T.sblock("sample"):
                 vb = T.axis.spatial(NB, b)
@@ -449,41 +449,41 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
 
     @T.macro
     def by_table(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
-        # blocks of G samples: their bags table by table (one table's index stream and rows at a time, the
+        # blocks of TB samples: their bags table by table (one table's index stream and rows at a time, the
         # prefetch a few bags ahead in it), then each sample's dot products
-        for g in range((NB + G - 1) // G):
+        for g in range((NB + TB - 1) // TB):
             with T.sblock("task"):
-                vg = T.axis.spatial((NB + G - 1) // G, g)
+                vg = T.axis.spatial((NB + TB - 1) // TB, g)
                 T.reads(X[0:NB, 0:D], Bags[0:BAG_FIELDS, 0:NT], TO[0:NT + 1], W[0:R, 0:WD], tab[0:TAB])
-                T.writes(Out[0:NB, 0:O])  # rows vg * G onwards (and the flag, as by_sample's)
-                feat = T.sblock_alloc_buffer((G * FS,), "float32")
+                T.writes(Out[0:NB, 0:O])  # rows vg * TB onwards (and the flag, as by_sample's)
+                feat = T.sblock_alloc_buffer((TB * FS,), "float32")
                 for t in range(NT):
                     with T.sblock("bag"):
                         vt = T.axis.spatial(NT, t)
                         T.reads(Bags[0:BAG_FIELDS, 0:NT], TO[vt:vt + 2], W[0:R, 0:WD])
-                        T.writes(feat[0:G * FS])
+                        T.writes(feat[0:TB * FS])
                         It = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_INDICES, vt), align=ialign)
                         Ot = T.decl_buffer((SPAN,), idt, data=address(Bags, BAG_OFFSETS, vt), align=ialign)
-                        for s in range(T.min(T.int64(G), NB - vg * G)):
+                        for s in range(T.min(T.int64(TB), NB - vg * TB)):
                             with T.sblock("bag_of_sample"):  # its blocks see the sample as a block var
-                                vs = T.axis.spatial(G, s)
+                                vs = T.axis.spatial(TB, s)
                                 T.reads(Bags[0:BAG_FIELDS, 0:NT], TO[vt:vt + 2], W[0:R, 0:WD])
                                 T.writes(feat[vs * FS + (vt + 1) * Dp:vs * FS + (vt + 1) * Dp + D])
-                                bag(W, S, TO, Bags, It, Ot, feat, vs * FS, Flag, vt, vg * G + vs, NB, R)
-                for s in range(T.min(T.int64(G), NB - vg * G)):
+                                bag(W, S, TO, Bags, It, Ot, feat, vs * FS, Flag, vt, vg * TB + vs, NB, R)
+                for s in range(T.min(T.int64(TB), NB - vg * TB)):
                     with T.sblock("sample"):
-                        vs = T.axis.spatial(G, s)
-                        T.reads(X[vg * G + vs, 0:D], feat[vs * FS:vs * FS + FS], tab[0:TAB])
-                        T.writes(Out[vg * G + vs, 0:O])
-                        stage_x(X, Out, feat, vs * FS, vg * G + vs)
-                        interact(feat, vs * FS, tab, Out, vg * G + vs)
+                        vs = T.axis.spatial(TB, s)
+                        T.reads(X[vg * TB + vs, 0:D], feat[vs * FS:vs * FS + FS], tab[0:TAB])
+                        T.writes(Out[vg * TB + vs, 0:O])
+                        stage_x(X, Out, feat, vs * FS, vg * TB + vs)
+                        interact(feat, vs * FS, tab, Out, vg * TB + vs)
 
     @T.macro
     def body(X, W, S, TO, Bags, Out, Flag, tab, NB, R):
         check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
         check_bags(Bags, Flag, NB)
         if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
-            if G > 0:
+            if TB > 0:
                 by_table(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
             else:
                 by_sample(X, W, S, TO, Bags, Out, Flag, tab, NB, R)
