@@ -46,8 +46,8 @@ ORDER = Choice("order", ("sample", "table"), doc=(
     "(its features stay in L1); 'table', the bags of a block of samples (table_block) table by table, then each "
     "sample's dot products from the block's staged features. Sample by sample, consecutive bags jump between "
     "tables, their index streams and rows; table by table, a task walks one table's index stream and rows at a "
-    "time, which the prefetch follows a few bags ahead: a C loop over DLRM's 26 tables at 8 per bag gathered "
-    "20-28% faster so. One row per bag, the bags' misses already overlap sample by sample."))
+    "time, which the prefetch follows a few bags ahead (benchmarks/WHOLE_MODEL.md). One row per bag, the bags' "
+    "misses already overlap sample by sample."))
 TABLE_BLOCK = Choice("table_block", (256, 16, 64, 512, 1024), doc=(
     "Samples whose bags one task pools table by table (order 'table'): longer blocks stay longer in each "
     "table's stream (fewer restarts of the prefetch), shorter ones keep the staged features (block x features "
