@@ -668,29 +668,45 @@ def _whole_model_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: di
 
 
 def _fusion_check(job: _Job, gm: Any, done: Rewrite, ready: Any, floors: dict[str, str]) -> tuple[Any, Rewrite]:
-    """The whole model with the fusing rules' replacements (`GraphRule.fuses`, e.g. the embedding bags and the
-    interaction as one kernel) against the model rewritten without those rules, where the other rules take their
-    sites (with their own whole-model check): timed as `_whole_model_check` times, the fused model is kept only
-    if faster by `check.margin`, and the report says what each took."""
+    """The whole model with each group of fusing rules' replacements (`GraphRule.fuses`, e.g. the embedding bags
+    and the interaction as one kernel; rules that fuse a rule in common are one group) against the model
+    rewritten without that group, where the other rules take its sites (with their own whole-model check):
+    timed as `_whole_model_check` times, the fused model is kept only if faster by `check.margin`, and the
+    report says what each took. Groups are judged in rule order, each against the model the earlier left."""
     assert job.check is not None
-    fusing = [r for r in job.ruleset if r.fuses and any(d.rule == r.name for d in done.replaced)]
-    if not fusing:
-        return gm, done
-    apart = dataclasses.replace(job, ruleset=[r for r in job.ruleset if not r.fuses])
-    alt_gm = capture(job.model, job.args)
-    alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, floors=floors, timing_inputs=job.timing[1:])
-    names = " and ".join(r.name for r in fusing)
-    before = len(job.report.whole_model)
-    alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, floors)
-    job.report.whole_model[before:] = [f"without {names}, {v}" for v in job.report.whole_model[before:]]
-    with torch.inference_mode():
-        fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing),
-                                            job.check.for_models())
-    faster = fused_s <= apart_s * (1.0 - job.check.margin)
-    fused_rules = " + ".join(dict.fromkeys(f for r in fusing for f in r.fuses))
-    job.report.whole_model.append(f"{names}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
-                                  f"{fused_rules} apart: {'kept' if faster else 'left out'}")
-    return (gm, done) if faster else (alt_gm, alt)
+    for group in _fusion_groups(job.ruleset):
+        fusing = [r for r in group if any(d.rule == r.name for d in done.replaced)]
+        if not fusing:
+            continue
+        apart = dataclasses.replace(job, ruleset=[r for r in job.ruleset if r not in group])
+        alt_gm = capture(job.model, job.args)
+        alt = rewrite(alt_gm, job.args, apart.ruleset, ready, job.check, floors=floors,
+                      timing_inputs=job.timing[1:])
+        names = " and ".join(r.name for r in fusing)
+        before = len(job.report.whole_model)
+        alt_gm, alt = _whole_model_check(apart, alt_gm, alt, ready, floors)
+        job.report.whole_model[before:] = [f"without {names}, {v}" for v in job.report.whole_model[before:]]
+        with torch.inference_mode():
+            fused_s, apart_s = _speed.time_pair(_cycled(gm, job.timing), _cycled(alt_gm, job.timing),
+                                                job.check.for_models())
+        faster = fused_s <= apart_s * (1.0 - job.check.margin)
+        fused_rules = " + ".join(dict.fromkeys(f for r in fusing for f in r.fuses))
+        job.report.whole_model.append(f"{names}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
+                                      f"{fused_rules} apart: {'kept' if faster else 'left out'}")
+        if not faster:
+            gm, done, job = alt_gm, alt, apart
+    return gm, done
+
+
+def _fusion_groups(rules: Sequence[GraphRule]) -> list[list[GraphRule]]:
+    """The fusing rules in groups, in rule order: rules whose `fuses` share a name (the fused embedding stage's
+    int8, fp16 and fp32 rules all fuse the interaction) are one alternative to the rules they fuse."""
+    groups: list[list[GraphRule]] = []
+    for rule in (r for r in rules if r.fuses):
+        joined = [g for g in groups if any(set(rule.fuses) & set(o.fuses) for o in g)]
+        groups = [g for g in groups if g not in joined]
+        groups.append(sorted([rule, *(o for g in joined for o in g)], key=list(rules).index))
+    return sorted(groups, key=lambda g: list(rules).index(g[0]))
 
 
 def _cycled(model: Any, batches: Sequence[tuple[Any, ...]]) -> Any:

@@ -1,0 +1,66 @@
+"""How tune_model finds split_linear in a captured graph: every float32 Linear (+ the ReLU that is its only user)
+on a 2-D CPU input, on CPUs with AMX-BF16 (elsewhere its float32 FMAs do not beat oneDNN: not offered).
+
+The rule runs before `dense_linear` (oneDNN, autotune/torch/dense.py) and takes the same sites: it declares
+them fused (`GraphRule.fuses`), so tune_model tunes it and keeps its replacements only where the whole model
+runs faster with them than with oneDNN's at those sites.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from .._graph import host_cpu_flags, insertion_point, is_call, scalar_arg, sole_user, tensor_value, where
+from ..template import GraphMatch, GraphRule
+
+__all__ = ["RULES"]
+
+aten = torch.ops.aten
+RULE = "split_linear"
+RELUS = (aten.relu.default, aten.relu_.default)
+# float32 results of another summation order, as dense_linear's: a few ulps of the output's range per product
+RTOL, RANGE_ATOL = 1e-4, 1e-5
+
+
+def _replace(linear: Any, relu: Any) -> Any:
+    def replace(gm: Any) -> tuple[Any, ...]:
+        x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
+        with gm.graph.inserting_before(insertion_point(gm, [x, w, b], [relu or linear])):
+            new = gm.graph.call_function(torch.ops.autotune.split_linear.default, (x, w, b, relu is not None))
+        new.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
+        return (new,)
+
+    return replace
+
+
+def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch]:
+    """Each float32 Linear (+ ReLU) on a 2-D CPU input that earlier rules left, in graph order; layers of other
+    dtypes, devices or ranks are not this rule's to refuse: skipped without a word."""
+    if "amx_bf16" not in host_cpu_flags():
+        return
+    for linear in [n for n in gm.graph.nodes if is_call(n, aten.linear.default) and n not in claimed]:
+        x, w = linear.args[0], linear.args[1]
+        b = scalar_arg(linear, 2, "bias", None)
+        xv, weight, bias = (tensor_value(gm, values, n) for n in (x, w, b))
+        if not (isinstance(xv, torch.Tensor) and isinstance(weight, torch.Tensor) and xv.dim() == 2
+                and weight.dim() == 2 and xv.dtype == weight.dtype == torch.float32 and xv.is_cpu
+                and weight.is_cpu and (b is None or (isinstance(bias, torch.Tensor)
+                                                     and bias.dtype == torch.float32))):
+            continue
+        relu = sole_user(linear, *RELUS)
+        relu = None if relu in claimed else relu
+        ref = tensor_value(gm, values, relu or linear)
+        scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
+        nodes = (linear,) if relu is None else (linear, relu)
+        (n, k), m = weight.shape, xv.shape[0]
+        fields = {"m": m, "k": k, "n": n, "bias": b is not None, "relu": relu is not None}
+        yield GraphMatch(
+            rule=RULE, nodes=nodes, outputs=(relu or linear,), tasks=((RULE, fields),),
+            replace=_replace(linear, relu), tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
+            what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> split_linear (float32 from bf16 "
+                 "pieces on AMX tiles)")
+
+
+RULES = (GraphRule(RULE, find, priority=58, fuses=("dense_linear",)),)

@@ -1,0 +1,169 @@
+"""The TVMScript of split_linear's CPU kernels: parallel tasks of `rows_per_task` rows, each computing its rows'
+whole output in register blocks of m_tiles x n_tiles 16 x 16 tiles, then the bias and ReLU as it writes them.
+
+'amx': the task first splits its rows of X into three bf16 pieces each (x = hi + mid + lo exactly: each piece
+the bf16 rounding of what the ones before left), in a scratch the tiles then load from (L1/L2: rows x K x 6
+bytes); the weight comes split the same way, packed once in the layout AMX's B tiles read (pairs of k per
+column). Per 32 of k, the six products of pieces above 2^-24 (hi·hi, hi·mid, hi·lo, mid·hi, mid·mid, lo·hi)
+accumulate in the fp32 tiles (`tdpbf16ps`), grouped by X's piece so each A tile is loaded once. 'simd': float32
+FMAs on the weight packed in 16-column panels (CPUs without AMX-BF16).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .workload import PIECES, Workload
+
+__all__ = ["K_PAIR_BLOCK", "TILE", "compute", "padded"]
+
+TILE = 16  # an AMX tile's rows, and the fp32 columns of an accumulator tile
+K_PAIR_BLOCK = 32  # bf16 values of k one tile row holds (64 bytes)
+
+
+def padded(w: Workload, n_tiles: int) -> tuple[int, int]:
+    """(Kp, Np): K rounded up to whole tile rows of bf16 pairs, N to whole register blocks of columns."""
+    cols = TILE * n_tiles
+    return -(-w.k // K_PAIR_BLOCK) * K_PAIR_BLOCK, -(-w.n // cols) * cols
+
+
+def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_task: int) -> Any:
+    """The IRModule of one config: main(X (M, K), the packed weight, Bias (N,), Y (M, N)), M any size."""
+    import tvm
+    from tvm.script import tirx as T
+
+    K, N, MT, NT, MB = w.k, w.n, m_tiles, n_tiles, rows_per_task
+    Kp, Np = padded(w, NT)
+    BR, BC = TILE * MT, TILE * NT  # a register block's rows and columns
+    a_tile, b_tile = MT * NT, MT * NT + MT  # tile registers: accumulators, then A's, then B's
+    relu, amx = w.relu, intrinsic == "amx"
+    kv = K // 16 * 16  # X's columns copied 16 at a time; the rest one by one
+    # the packed weight, flat: (PIECES, Np/16, Kp/2, 16, 2) bf16 bits, or (Np/16, K, 16) float32
+    WN = PIECES * Np * Kp if amx else Np * K
+    w_dtype = "int16" if amx else "float32"
+
+    @T.macro
+    def store(Y, C, Bias, row0, col0, M):
+        # the block's accumulators C (BR x BC) plus the bias, through the ReLU, into Y's rows below M and
+        # columns below N
+        for r in range(BR):
+            if row0 + r < M:
+                if col0 + BC <= N:
+                    for c in T.vectorized(BC):
+                        if relu:
+                            Y[row0 + r, col0 + c] = T.max(C[r, c] + Bias[col0 + c], T.float32(0))
+                        else:
+                            Y[row0 + r, col0 + c] = C[r, c] + Bias[col0 + c]
+                else:
+                    for c in range(N - col0):
+                        if relu:
+                            Y[row0 + r, col0 + c] = T.max(C[r, c] + Bias[col0 + c], T.float32(0))
+                        else:
+                            Y[row0 + r, col0 + c] = C[r, c] + Bias[col0 + c]
+
+    @T.macro
+    def split_rows(X, S, R, H, first, M):
+        # S[p, i, :] = piece p of row first + i of X (zeros past M and past K): R holds what is left to split
+        for i in range(MB):
+            if first + i < M:
+                for kc in range(K // 16):
+                    for k in T.vectorized(16):
+                        R[kc * 16 + k] = X[first + i, kc * 16 + k]
+                for k in range(kv, K):
+                    R[k] = X[first + i, k]
+                for k in range(K, Kp):
+                    R[k] = T.float32(0)
+            else:
+                for k in T.vectorized(Kp):
+                    R[k] = T.float32(0)
+            for p in T.unroll(PIECES):
+                for kc in range(Kp // 16):
+                    for k in T.vectorized(16):  # bf16 rounding, to nearest even, of R's float32 bits
+                        H[k] = T.shift_right(
+                            T.reinterpret("uint32", R[kc * 16 + k]) + T.uint32(0x7FFF)
+                            + T.bitwise_and(T.shift_right(T.reinterpret("uint32", R[kc * 16 + k]), T.uint32(16)),
+                                            T.uint32(1)), T.uint32(16))
+                    for k in T.vectorized(16):
+                        S[p, i, kc * 16 + k] = T.Cast("uint16", H[k])
+                    for k in T.vectorized(16):
+                        R[kc * 16 + k] = R[kc * 16 + k] - T.reinterpret("float32", T.shift_left(H[k], T.uint32(16)))
+
+    @T.macro
+    def tile_config():
+        config = T.sblock_alloc_buffer((64,), "uint8")
+        for byte in range(64):
+            config[byte] = T.uint8(0)
+        config[0] = T.uint8(1)  # palette 1: every tile 16 rows x 64 bytes
+        for t in range(8):
+            config[16 + 2 * t] = T.uint8(64)
+            config[48 + t] = T.uint8(TILE)
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
+
+    @T.macro
+    def amx_block(Wp, S, C, mi, nj):
+        for ti in T.unroll(MT):
+            for tj in T.unroll(NT):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(ti * NT + tj)))
+        for ks in range(Kp // K_PAIR_BLOCK):
+            for pa in T.unroll(PIECES):  # X's piece: its A tiles loaded once for the products it takes part in
+                for ti in T.unroll(MT):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(a_tile + ti), T.address_of(
+                        S[pa, mi * BR + ti * TILE, ks * K_PAIR_BLOCK]), T.int64(Kp * 2)))
+                for pw in T.unroll(PIECES):
+                    if pa + pw < PIECES:  # the products above 2^-24 of the term
+                        for tj in T.unroll(NT):
+                            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(b_tile + tj),
+                                                          T.address_of(Wp[((pw * (Np // TILE) + nj * NT + tj) * (Kp // 2) + ks * TILE) * 2 * TILE]),
+                                                          T.int64(64)))
+                        for ti in T.unroll(MT):
+                            for tj in T.unroll(NT):
+                                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(ti * NT + tj),
+                                                              T.int8(a_tile + ti), T.int8(b_tile + tj)))
+        for ti in T.unroll(MT):
+            for tj in T.unroll(NT):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(ti * NT + tj),
+                                              T.address_of(C[ti * TILE, tj * TILE]), T.int64(BC * 4)))
+
+    @T.macro
+    def simd_block(X, Wp, C, row0, nj, M):
+        # C[r, :] = X[row0 + r, :] @ the block's BC columns, a vector FMA per 16 columns per k
+        for r in range(BR):
+            for c in T.vectorized(BC):
+                C[r, c] = T.float32(0)
+            if row0 + r < M:
+                for k in range(K):
+                    for v in T.unroll(NT):
+                        C[r, T.ramp(v * TILE, 1, TILE)] = C[r, T.ramp(v * TILE, 1, TILE)] + T.broadcast(
+                            X[row0 + r, k], TILE) * Wp[T.ramp(((nj * NT + v) * K + k) * TILE, 1, TILE)]
+
+    @T.prim_func(s_tir=True)
+    def main(x_: T.handle, w_: T.handle, b_: T.handle, y_: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        M = T.int64()
+        X = T.match_buffer(x_, (M, K), "float32", align=4)  # a row view of a larger batch: 4-byte aligned
+        Wp = T.match_buffer(w_, (WN,), w_dtype)
+        Bias = T.match_buffer(b_, (N,), "float32", align=4)
+        Y = T.match_buffer(y_, (M, N), "float32", align=4)
+        for t in T.parallel((M + MB - 1) // MB):
+            with T.sblock("task"):
+                vt = T.axis.spatial((M + MB - 1) // MB, t)
+                T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N])
+                T.writes(Y[0:M, 0:N])
+                C = T.sblock_alloc_buffer((BR, BC), "float32")
+                if amx:
+                    S = T.sblock_alloc_buffer((PIECES, MB, Kp), "uint16")
+                    R = T.sblock_alloc_buffer((Kp,), "float32")
+                    H = T.sblock_alloc_buffer((16,), "uint32")
+                    tile_config()
+                    split_rows(X, S, R, H, vt * MB, M)
+                    for mi in range(MB // BR):
+                        for nj in range(Np // BC):
+                            amx_block(Wp, S, C, mi, nj)
+                            store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
+                else:
+                    for mi in range(MB // BR):
+                        for nj in range(Np // BC):
+                            simd_block(X, Wp, C, vt * MB + mi * BR, nj, M)
+                            store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
+
+    return tvm.IRModule({"main": main})

@@ -1,0 +1,155 @@
+"""split_linear: the pieces' arithmetic, the kernels (each path this CPU has) at float32 accuracy against float64
+where a bf16 product would not be, the torch op on a loaded kernel (every case, bad tensors, the gradient), the
+graph rule and tune_model's check of it against oneDNN's layers."""
+
+import warnings
+
+import pytest
+from conftest import cpu_flags, load_counting
+import torch
+from torch import nn
+
+import autotune.torch as at
+from autotune.build import load_compiled
+from autotune.package import export
+from autotune.runtime import BoundKernel, expected, mismatch
+from autotune.task import make_task
+from autotune.torch.tune_model import _fusion_groups
+from search_spaces import InvalidDtype, InvalidInput, WorkloadError
+from search_spaces import split_linear as sl
+from search_spaces.split_linear import cpu
+from search_spaces.split_linear.torch_op import BINDING
+from search_spaces.template import GraphRule
+
+SL = torch.ops.autotune.split_linear
+HAS_AMX = "amx_bf16" in cpu_flags()
+PATHS = ["simd", *(["amx"] if HAS_AMX else [])]
+
+
+def test_three_bf16_pieces_sum_to_the_float32_exactly():
+    x = torch.randn(4096) * torch.pow(10.0, torch.empty(4096).uniform_(-30, 30))
+    hi, mid, lo = cpu.pieces(x)
+    assert all(p.dtype == torch.bfloat16 for p in (hi, mid, lo))
+    assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
+    assert bool((mid.double().abs() <= hi.double().abs() * 2.0 ** -8).all())  # each piece 8 bits below
+
+
+def test_workload_refuses_bad_fields():
+    for bad in ("m=0,k=4,n=4", "m=4,k=-1,n=4", "m=4,k=4,n=4,relu=2"):
+        with pytest.raises(WorkloadError):
+            sl.Workload.from_shape(bad)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_each_path_is_as_accurate_as_a_float32_gemm(path):
+    """Against float64, the kernel's worst error is that of PyTorch's float32 Linear (a single bf16 product,
+    with 8 significant bits, would be ~1000 times larger), on the tile-ragged test shape and a layer's."""
+    for shape in (sl.TEST_SHAPE, "m=300,k=512,n=96,relu=0"):
+        task = make_task("split_linear", "cpu", shape=shape)
+        cfg = task.space.from_json({**task.space.default().to_json(), "intrinsic": path})
+        kernel = BoundKernel(task.template, task.workload, cfg, load_compiled(task, cfg), False)
+        inputs = task.template.inputs(task.workload, 3)
+        exact = sl.reference(task.workload, *(t.double() for t in inputs))
+        ours = (kernel(*inputs).double() - exact).abs().max()
+        theirs = (sl.reference(task.workload, *inputs).double() - exact).abs().max()
+        assert mismatch(kernel(*inputs), expected(task.template, task.workload, *inputs)) is None
+        assert ours <= 4 * theirs + 1e-7, (shape, float(ours), float(theirs))
+
+
+def test_every_register_block_computes_the_reference():
+    """Each path's every register block, in tasks of 32 rows (the test shape's 37: a whole task and a ragged one;
+    N = 40 and K = 45 not whole tiles)."""
+    task = make_task("split_linear", "cpu", shape=sl.TEST_SHAPE)
+    inputs = task.template.inputs(task.workload, 5)
+    exp = expected(task.template, task.workload, *inputs)
+    configs = [c for c in task.space if c[cpu.ROWS_PER_TASK] == 32]
+    assert {c[cpu.INTRINSIC] for c in configs} == set(PATHS)
+    for cfg in configs:
+        kernel = BoundKernel(task.template, task.workload, cfg, load_compiled(task, cfg), False)
+        assert mismatch(kernel(*inputs), exp) is None, cfg.key()
+
+
+# ---- the torch op ---------------------------------------------------------------------------------------------
+W = sl.Workload(m=40, k=45, n=24, relu=True)
+W_NO_BIAS = sl.Workload(m=40, k=45, n=24, bias=False)
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory, cpu_builder):
+    out = tmp_path_factory.mktemp("sl-pkg")
+    tasks = [make_task("split_linear", "cpu", **vars(w)) for w in (W, W_NO_BIAS)]
+    export([t.record(t.space.default(), costs=(1e-5,)) for t in tasks], out, builder=cpu_builder)
+    return out
+
+
+@pytest.fixture()
+def pkg(package):
+    yield load_counting(package)
+    at.unload_all()
+
+
+def test_torch_op_runs_the_kernel_on_every_case(pkg):
+    """`autotune check`'s cases (several M, zeros, both signs, magnitudes 1e-20 to 1e20, cancelling products)
+    on the loaded kernels, judged by the float64 rule, with and without a bias."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        for w in (W, W_NO_BIAS):
+            for name, args, kwargs in BINDING.cases(w, 3, 2):
+                ref = sl.reference(w, *(a.double() for a in args[:2]),
+                                   None if args[2] is None else args[2].double())
+                mag = sl.reference(w, *(a.double().abs() for a in args[:2]),
+                                   None if args[2] is None else args[2].double().abs())
+                got = SL(*args, **kwargs).double()
+                rtol, atol = sl.tolerance(w)
+                assert bool(((got - ref).abs() <= atol + rtol * mag).all()), name
+    assert sum(k.calls for k in pkg.kernels) == sum(len(list(BINDING.cases(w, 3, 2))) for w in (W, W_NO_BIAS))
+    assert SL(torch.empty(7, 45, device="meta"), torch.empty(24, 45, device="meta")).shape == (7, 24)
+
+
+def test_torch_op_refuses_bad_tensors(pkg):
+    x, weight, bias = sl.inputs(W, 1)
+    with pytest.raises(InvalidDtype, match="x must be float32"):
+        SL(x.double(), weight, bias, True)
+    with pytest.raises(InvalidInput, match="x has 44 features but weight takes 45"):
+        SL(x[:, :44].contiguous(), weight, bias, True)
+    with pytest.raises(InvalidInput, match=r"bias must hold one value per output, shape \(24,\)"):
+        SL(x, weight, bias[:5], True)
+    with pytest.raises(InvalidInput, match="contiguous"):
+        SL(x.t().contiguous().t(), weight, bias, True)
+    assert sum(k.calls for k in pkg.kernels) == 0
+
+
+def test_torch_op_has_linears_gradient(pkg):
+    x, weight, bias = (t.clone().requires_grad_() for t in sl.inputs(W, 2))
+    SL(x, weight, bias, True).square().sum().backward()
+    grads = [t.grad.clone() for t in (x, weight, bias)]
+    for t in (x, weight, bias):
+        t.grad = None
+    torch.relu(nn.functional.linear(x, weight, bias)).square().sum().backward()
+    for g, t in zip(grads, (x, weight, bias)):
+        assert torch.allclose(g, t.grad, rtol=1e-4, atol=1e-5)
+
+
+# ---- tune_model -----------------------------------------------------------------------------------------------
+def test_fusion_groups_keep_the_embedding_stages_rules_together_and_split_linear_apart():
+    """The fused embedding stage's three rules all fuse the interaction: one alternative, judged together as
+    before; split_linear fuses dense_linear's sites only: judged on its own."""
+    find = lambda *a: iter(())  # noqa: E731
+    rules = [GraphRule("ei_int8", find, fuses=("bags_int8", "interaction")),
+             GraphRule("ei_fp16", find, fuses=("bags_fp16", "interaction")),
+             GraphRule("ei", find, fuses=("bags", "interaction")), GraphRule("bags", find),
+             GraphRule("split_linear", find, fuses=("dense_linear",)), GraphRule("dense_linear", find)]
+    assert [[r.name for r in g] for g in _fusion_groups(rules)] == [["ei_int8", "ei_fp16", "ei"], ["split_linear"]]
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="the rule is offered on CPUs with AMX-BF16 only")
+def test_the_rule_offers_each_float32_linear_with_its_relu():
+    from search_spaces.split_linear.graph import find
+    from autotune.torch.graph import capture, example_values
+
+    model = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    args = (torch.randn(16, 13),)
+    gm = capture(model, args)
+    matches = list(find(gm, example_values(gm, args), set()))
+    assert [m.tasks for m in matches] == [(("split_linear", {"m": 16, "k": 13, "n": 32, "bias": True, "relu": True}),),
+                                          (("split_linear", {"m": 16, "k": 32, "n": 8, "bias": True, "relu": False}),)]
