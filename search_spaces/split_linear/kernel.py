@@ -4,8 +4,9 @@ whole output in register blocks of m_tiles x n_tiles 16 x 16 tiles, then the bia
 'amx': the task first splits its rows of X into three bf16 pieces each (x = hi + mid + lo exactly: each piece
 the bf16 rounding of what the ones before left), in a scratch the tiles then load from (L1/L2: rows x K x 6
 bytes); the weight comes split the same way, packed once in the layout AMX's B tiles read (pairs of k per
-column). Per 32 of k, the six products of pieces above 2^-24 (hi·hi, hi·mid, hi·lo, mid·hi, mid·mid, lo·hi)
-accumulate in the fp32 tiles (`tdpbf16ps`), grouped by X's piece so each A tile is loaded once. 'simd': float32
+column). Per 32 of k, the six products of pieces down to 2^-16 of the term (hi·hi, hi·mid, hi·lo, mid·hi,
+mid·mid, lo·hi; workload.py) accumulate in the fp32 tiles (`tdpbf16ps`), grouped by X's piece so each A tile is
+loaded once. 'simd': float32
 FMAs on the weight packed in 16-column panels (CPUs without AMX-BF16).
 """
 
@@ -110,7 +111,7 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(a_tile + ti), T.address_of(
                         S[pa, mi * BR + ti * TILE, ks * K_PAIR_BLOCK]), T.int64(Kp * 2)))
                 for pw in T.unroll(PIECES):
-                    if pa + pw < PIECES:  # the products above 2^-24 of the term
+                    if pa + pw < PIECES:  # the products down to 2^-16 of the term
                         for tj in T.unroll(NT):
                             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(b_tile + tj),
                                                           T.address_of(Wp[((pw * (Np // TILE) + nj * NT + tj) * (Kp // 2) + ks * TILE) * 2 * TILE]),

@@ -4,8 +4,8 @@
 
 The kernels (cpu.py) may compute the products from bf16 pieces of X and W on AMX tiles: each operand is split
 into three bf16 numbers whose sum is the float32 value exactly (8 + 8 + 8 significant bits: the float32's 24),
-and the six products of pieces whose weights reach 2^-16 of the largest are summed in float32 (the three
-dropped, mid x lo, lo x mid and lo x lo, are below 2^-24 of each term). So the result carries the error of a
+and the six products of pieces down to 2^-16 of the term are summed in float32 (the three dropped, mid x lo,
+lo x mid and lo x lo, are 2^-24 of it and below: float32's own rounding). So the result carries the error of a
 float32 dot product, not of a bf16 one: judged, as PyTorch's own float32 GEMM, against float64 within the
 bound of a K-term float32 sum (`tolerance`).
 """
