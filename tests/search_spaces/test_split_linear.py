@@ -143,13 +143,38 @@ def test_fusion_groups_keep_the_embedding_stages_rules_together_and_split_linear
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the rule is offered on CPUs with AMX-BF16 only")
-def test_the_rule_offers_each_float32_linear_with_its_relu():
-    from search_spaces.split_linear.graph import find
+def test_the_rule_offers_float32_linears_with_their_relu_and_leaves_small_ones():
+    """A layer of 64 -> 256 over 512 rows is offered with its ReLU; a head of 8 outputs (under a tile) is not,
+    nor a layer of too few products (the split and the tiles' setup would cost more than they save)."""
     from autotune.torch.graph import capture, example_values
+    from search_spaces.split_linear.graph import find
 
-    model = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
-    args = (torch.randn(16, 13),)
-    gm = capture(model, args)
-    matches = list(find(gm, example_values(gm, args), set()))
-    assert [m.tasks for m in matches] == [(("split_linear", {"m": 16, "k": 13, "n": 32, "bias": True, "relu": True}),),
-                                          (("split_linear", {"m": 16, "k": 32, "n": 8, "bias": True, "relu": False}),)]
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).eval()
+    for rows, want in ((512, [{"m": 512, "k": 64, "n": 256, "bias": True, "relu": True}]), (16, [])):
+        args = (torch.randn(rows, 64),)
+        gm = capture(model, args)
+        assert [m.tasks[0][1] for m in find(gm, example_values(gm, args), set())] == want
+
+
+def test_a_rewritten_layer_takes_a_strided_input(pkg):
+    """The rule puts `aten.contiguous` before the op (a no-op on rows already contiguous), since the Linear it
+    replaces took any strides: here a transposed x, through the kernel."""
+    from search_spaces.split_linear.graph import _replace
+
+    x, weight, bias = sl.inputs(W, 4)
+    graph = torch.fx.Graph()
+    xt, w_, b_ = graph.placeholder("xt"), graph.placeholder("w"), graph.placeholder("b")
+    x_ = graph.call_function(torch.ops.aten.t.default, (xt,))
+    linear = graph.call_function(torch.ops.aten.linear.default, (x_, w_, b_))
+    relu = graph.call_function(torch.ops.aten.relu.default, (linear,))
+    graph.output(relu)
+    gm = torch.fx.GraphModule({}, graph)
+    (new,) = _replace(linear, relu)(gm)
+    relu.replace_all_uses_with(new)
+    for node in (relu, linear):
+        graph.erase_node(node)
+    gm.recompile()
+    strided = x.t().contiguous()
+    torch.testing.assert_close(gm(strided, weight, bias), torch.relu(nn.functional.linear(x, weight, bias)),
+                               rtol=1e-5, atol=1e-5)
+    assert sum(k.calls for k in pkg.kernels) == 1
