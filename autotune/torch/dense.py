@@ -30,6 +30,7 @@ from torch import Tensor
 
 from search_spaces._graph import (attr, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
                                   tensor_value, where)
+from search_spaces._linear_grad import linear_grads, save_linear
 from search_spaces.template import GraphMatch, GraphRule, Reduced
 
 __all__ = ["RULES", "available", "dense_linear", "dense_linear_bf16", "native_bf16"]
@@ -138,20 +139,11 @@ def _(x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool) -> Tensor:
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     x, weight, bias, relu = inputs
-    ctx.save_for_backward(x, weight, output if relu else None)
-    ctx.has_bias = bias is not None
+    save_linear(ctx, x, weight, bias, relu, output)
 
 
 def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    """Linear's gradients, through the ReLU's mask (y > 0) where it was fused."""
-    x, weight, y = ctx.saved_tensors
-    if y is not None:
-        grad = grad * (y > 0)
-    g2 = grad.reshape(-1, grad.shape[-1])
-    dx = grad @ weight if ctx.needs_input_grad[0] else None
-    dw = g2.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
-    db = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return dx, dw, db, None
+    return (*linear_grads(ctx, grad), None)
 
 
 dense_linear.register_autograd(_backward, setup_context=_setup_context)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from .. import _amx_tiles as amx_tiles
 from ..embedding_bag.cpu import SCRATCH_SCOPE
 from ..embedding_bag.kernel import boundaries_checker, flag_where, in_range, index_alignment, prefetcher
 from ..embedding_bag.workload import INDEX_ERROR, OFFSETS_ERROR, TABLE_OFFSETS_ERROR
@@ -43,7 +44,7 @@ SPAN = 1 << 40
 __all__ = ["AMX_MAX_FEATURES", "amx_fits", "compute", "feature_lanes", "next_pow2", "padded_dim"]
 
 next_pow2 = _next_pow2
-AMX_ROWS = 16  # a tile's rows: features per row block of the Gram matrix
+AMX_ROWS = amx_tiles.ROWS  # a tile's rows: features per row block of the Gram matrix
 AMX_K = 32  # bf16 values a tile row holds (64 bytes): the dimension runs in steps of it
 AMX_MAX_FEATURES = 2 * AMX_ROWS  # the Gram matrix's tiles on and below the diagonal (3) + 2 A + 2 B fit 8 tiles
 
@@ -286,17 +287,12 @@ def compute(w: Workload, lanes: int = 8, pairs_per_block: int = 8, hsum: str = "
         spans.append((i0, i1, width))
         i0 = i1
 
+    load_tile_config = amx_tiles.tile_config()
+
     @T.macro
     def tile_config(vb):
         if vb % amx_every == 0:  # a task's first sample: its thread's tiles may hold another kernel's shapes
-            config = T.sblock_alloc_buffer((64,), "uint8")
-            for byte in range(64):
-                config[byte] = T.uint8(0)
-            config[0] = T.uint8(1)  # palette 1: every tile 16 rows x 64 bytes
-            for t in range(8):
-                config[16 + 2 * t] = T.uint8(64)
-                config[48 + t] = T.uint8(AMX_ROWS)
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
+            load_tile_config()
 
     @T.macro
     def transpose_pairs(A, Bt, s, nb):

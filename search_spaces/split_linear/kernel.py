@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _amx_tiles as amx_tiles
 from .workload import PIECES, Workload
 
 __all__ = ["K_PAIR_BLOCK", "TILE", "compute", "padded"]
 
-TILE = 16  # an AMX tile's rows, and the fp32 columns of an accumulator tile
+TILE = amx_tiles.ROWS  # an AMX tile's rows, and the fp32 columns of an accumulator tile
 K_PAIR_BLOCK = 32  # bf16 values of k one tile row holds (64 bytes)
 
 
@@ -42,6 +43,7 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
     # the packed weight, flat: (PIECES, Np/16, Kp/2, 16, 2) bf16 bits, or (Np/16, K, 16) float32
     WN = PIECES * Np * Kp if amx else Np * K
     w_dtype = "int16" if amx else "float32"
+    load_tile_config = amx_tiles.tile_config()
 
     @T.macro
     def store(Y, C, Bias, row0, col0, M):
@@ -88,17 +90,6 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                         S[p, i, kc * 16 + k] = T.Cast("uint16", H[k])
                     for k in T.vectorized(16):
                         R[kc * 16 + k] = R[kc * 16 + k] - T.reinterpret("float32", T.shift_left(H[k], T.uint32(16)))
-
-    @T.macro
-    def tile_config():
-        config = T.sblock_alloc_buffer((64,), "uint8")
-        for byte in range(64):
-            config[byte] = T.uint8(0)
-        config[0] = T.uint8(1)  # palette 1: every tile 16 rows x 64 bytes
-        for t in range(8):
-            config[16 + 2 * t] = T.uint8(64)
-            config[48 + t] = T.uint8(TILE)
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
 
     @T.macro
     def amx_block(Wp, S, C, mi, nj):
@@ -155,7 +146,7 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                     S = T.sblock_alloc_buffer((PIECES, MB, Kp), "uint16")
                     R = T.sblock_alloc_buffer((Kp,), "float32")
                     H = T.sblock_alloc_buffer((16,), "uint32")
-                    tile_config()
+                    load_tile_config()
                     split_rows(X, S, R, H, vt * MB, M)
                     for mi in range(MB // BR):
                         for nj in range(Np // BC):

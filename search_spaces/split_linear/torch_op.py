@@ -14,6 +14,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .._linear_grad import linear_grads, save_linear
 from ..template import Route, TorchBinding
 from .checks import check
 from .workload import Workload, inputs, linear
@@ -94,19 +95,11 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[Case]:
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     x, weight, bias, relu, _ = inputs
-    ctx.save_for_backward(x, weight, output if relu else None)
-    ctx.has_bias = bias is not None
+    save_linear(ctx, x, weight, bias, relu, output)
 
 
 def _backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    """Linear's gradients, through the ReLU's mask (y > 0) where it was fused."""
-    x, weight, y = ctx.saved_tensors
-    if y is not None:
-        grad = grad * (y > 0)
-    dx = grad @ weight if ctx.needs_input_grad[0] else None
-    dw = grad.T @ x if ctx.needs_input_grad[1] else None
-    db = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return dx, dw, db, None, None
+    return (*linear_grads(ctx, grad), None, None)
 
 
 BINDING = TorchBinding(
