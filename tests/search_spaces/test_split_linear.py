@@ -120,6 +120,19 @@ def test_torch_op_refuses_bad_tensors(pkg):
     assert sum(k.calls for k in pkg.kernels) == 0
 
 
+def test_torch_op_passes_opcheck_and_compiles_whole(pkg):
+    """The op's schema, fake, autograd registration and a `torch.compile(fullgraph=True)` of a call, each
+    through the kernel."""
+    x, weight, bias = sl.inputs(W, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        torch.library.opcheck(SL.default, (x, weight.requires_grad_(), bias, True))
+        compiled = torch.compile(lambda x, w, b: SL(x, w, b, True), fullgraph=True)
+        torch.testing.assert_close(compiled(x, weight.detach(), bias), sl.reference(W, x, weight.detach(), bias),
+                                   rtol=1e-5, atol=1e-5)
+    assert sum(k.calls for k in pkg.kernels) > 1
+
+
 def test_torch_op_has_linears_gradient(pkg):
     x, weight, bias = (t.clone().requires_grad_() for t in sl.inputs(W, 2))
     SL(x, weight, bias, True).square().sum().backward()
