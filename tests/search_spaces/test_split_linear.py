@@ -1,6 +1,7 @@
 """split_linear: the pieces' arithmetic, the kernels (each path this CPU has) at float32 accuracy against float64
-where a bf16 product would not be, the torch op on a loaded kernel (every case, bad tensors, the gradient), the
-graph rule and tune_model's check of it against oneDNN's layers."""
+where a bf16 product would not be, the torch op on a loaded kernel (every case, bad tensors, opcheck, compile, the
+gradient), the graph rule (which layers it offers, a strided input) and tune_model's grouping of fusing rules,
+which judges it against oneDNN's layers apart from the fused embedding stage."""
 
 import warnings
 
