@@ -65,9 +65,10 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                             Y[row0 + r, col0 + c] = C[r, c] + Bias[col0 + c]
 
     @T.macro
-    def split_rows(X, S, R, H, first, M):
-        # S[p, i, :] = piece p of row first + i of X (zeros past M and past K): R holds what is left to split
-        for i in range(MB):
+    def split_rows(X, S, R, H, first, blocks, M):
+        # S[p, i, :] = piece p of row first + i of X, for the task's blocks (zeros past M and past K): R holds
+        # what is left to split
+        for i in range(blocks * BR):
             if first + i < M:
                 for kc in range(K // 16):
                     for k in T.vectorized(16):
@@ -142,18 +143,21 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                 T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N])
                 T.writes(Y[0:M, 0:N])
                 C = T.sblock_alloc_buffer((BR, BC), "float32")
+                # register blocks holding the task's rows: the last task of a call (or a call of a few rows)
+                # computes no block of rows past M
+                blocks = T.min(T.int64(MB // BR), (M - vt * MB + BR - 1) // BR)
                 if amx:
                     S = T.sblock_alloc_buffer((PIECES, MB, Kp), "uint16")
                     R = T.sblock_alloc_buffer((Kp,), "float32")
                     H = T.sblock_alloc_buffer((16,), "uint32")
                     load_tile_config()
-                    split_rows(X, S, R, H, vt * MB, M)
-                    for mi in range(MB // BR):
+                    split_rows(X, S, R, H, vt * MB, blocks, M)
+                    for mi in range(blocks):
                         for nj in range(Np // BC):
                             amx_block(Wp, S, C, mi, nj)
                             store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
                 else:
-                    for mi in range(MB // BR):
+                    for mi in range(blocks):
                         for nj in range(Np // BC):
                             simd_block(X, Wp, C, vt * MB + mi * BR, nj, M)
                             store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
