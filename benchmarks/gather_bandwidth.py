@@ -27,10 +27,11 @@ def main() -> None:
         print(f" the table in {pages}")
         for name, gbps in roofline.gather_sweep(a.rows, a.dim, a.indices, huge_pages=huge).items():
             label = ("sequential read (table's first rows)" if name == "sequential"
+                     else "best distance, median of repeats" if name == "steady"
                      else f"random-row gather, {name:>11s}")
             print(f"  {label:<34s} {gbps:8.2f} GB/s")
     for roof in (roofline.gather_bandwidth(a.rows, a.dim), roofline.fp32_peak(), roofline.int8_peak()):
-        print(f"roof as bench takes it (the best distance; bench measures it again in every round): "
+        print(f"roof as bench takes it (the best distance, median of repeats; measured again in every round): "
               f"{roof.name} {roof.value:.2f} {roof.unit}")
 
 
