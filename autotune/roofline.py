@@ -4,19 +4,19 @@ Three microbenchmarks in one small C program, compiled with the system's compile
 -fopenmp`, once per gathered row width) and run with as many threads as TVM's pool uses (TVM_NUM_THREADS):
 - random-row gather: sum uniformly random rows of a (rows, dim) fp32 table in bags of 32, nothing else per
   row, into ROW_CHAINS independent register accumulators (so no add waits on the last row's: as many misses
-  in flight as the out-of-order window and the prefetches allow), with software prefetch at several
-  distances, the table in 2 MB pages where Linux gives them (as the embedding ops keep theirs: a page walk
-  per lookup of a table in 4 KB pages caps the misses in flight); the best distance, timed as the kernels are
-  (the median of 100 ms repeats), is the roof of an embedding bag (whose GB/s counts gathered rows the same
-  way). Given the rows a workload gathers (a file of int64 indices),
-  it gathers those, in their order: a Zipf stream's hot rows stay in cache for the roof as for the kernel;
+  in flight as the out-of-order window and the prefetches allow), with software prefetch of the whole row or
+  its first lines at several distances, the table in 2 MB pages where Linux gives them (as the embedding ops
+  keep theirs: a page walk per lookup of a table in 4 KB pages caps the misses in flight); the best of them,
+  timed as the kernels are (the median of 100 ms repeats), is the roof of an embedding bag (whose GB/s counts
+  gathered rows the same way). Given the rows a workload gathers (a file of int64 indices), it gathers those,
+  in their order: a Zipf stream's hot rows stay in cache for the roof as for the kernel;
 - fp32 FMA peak: independent vector FMA chains per thread, enough of them to be throughput-bound;
 - int8 peak: s8 x s8 -> s32 tile products (`tdpbssd`: four 16 x 16 accumulator tiles) where the CPU has AMX and
   Linux grants the tile data, else u8 x s8 -> s32 dot products, `vpdpbusd` where the CPU has AVX512-VNNI or
   AVX-VNNI, else AVX2's `pmaddubsw` + `pmaddwd` + add (what int8 GEMMs use there); 2 ops per multiply-add, as
   qmatmul counts.
 The programs are compiled once into ~/.cache/autotune/; each roof is measured once per process, in the same run
-as the kernels it is compared with (a second or so).
+as the kernels it is compared with (seconds).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ static double int8_peak(long iters, const char **how) {
     return best;
 }
 
-/* Bytes of gathered rows per second at several prefetch distances, the best one again as the kernels are timed;
+/* Bytes of gathered rows per second at several prefetch distances and lines, the best again as the kernels are timed;
    also a sequential read. The row width is the compile-time DIM (the program is built per width), so the loop
    holds a bag's sums in registers as a generated kernel does: bags of BAG rows, row i of a bag into chain
    i % ROW_CHAINS (consecutive rows' adds are independent), each bag's sums written once. A runtime width with
@@ -202,7 +202,9 @@ static double int8_peak(long iters, const char **how) {
 #ifndef DIM
 #define DIM 64
 #endif
-#define ROW_CHAINS 4
+/* independent chains of a bag's sums: as many as half the vector registers hold (more spill: at DIM 128 four chains
+   read slower than two; benchmarks/EMBEDDING_BAG.md) */
+#define ROW_CHAINS (DIM > 128 ? 1 : DIM > 64 ? 2 : 4)
 #define BAG 32
 #define MAX_DIST 512  /* rows: small rows are pooled fast, and need misses issued far ahead */
 #define STEADY_REPEATS 5
@@ -227,9 +229,33 @@ static int64_t *indices(long rows, long *n, const char *path) {
     return idx;
 }
 
-/* One timed pass over the n rows of `idx` at prefetch distance p (0: none): seconds. */
-static double gather_pass(const float *w, const int64_t *idx, long n, float *out, int p) {
+/* One thread's share of a pass: rows lo..hi of `idx` (whole bags) at prefetch distance p (0: none), prefetching the
+   first `lines` cache lines of each row (all of them: the row's last byte too, as rows of 72 bytes straddle a line
+   more). Inlined with `lines` a constant: a prefetch loop of unknown trip count in the row loop reads slower. */
+static inline __attribute__((always_inline)) void pool_rows(const float *w, const int64_t *idx, long lo, long hi,
+                                                            float *o, int p, long lines) {
     const long row_bytes = DIM * (long)sizeof(float);
+    for (long b = lo; b < hi; b += BAG) {
+        float acc[ROW_CHAINS][DIM];
+        memset(acc, 0, sizeof acc);
+        for (long i0 = b; i0 < b + BAG; i0 += ROW_CHAINS)
+            for (int c = 0; c < ROW_CHAINS; c++) {  /* unrolled: chain c's sums stay in registers */
+                long i = i0 + c;
+                if (p) {
+                    const char *r = (const char *)(w + idx[i + p] * DIM);
+                    for (long l = 0; l < lines; l++) __builtin_prefetch(r + 64 * l, 0, 3);
+                    if (64 * lines >= row_bytes) __builtin_prefetch(r + row_bytes - 1, 0, 3);
+                }
+                const float *restrict row = w + idx[i] * DIM;
+                for (int k = 0; k < DIM; k++) acc[c][k] += row[k];
+            }
+        for (int c = 0; c < ROW_CHAINS; c++)
+            for (int k = 0; k < DIM; k++) o[k] += acc[c][k];
+    }
+}
+
+/* One timed pass over the n rows of `idx` (each thread its share, in whole bags; `pool_rows`): seconds. */
+static double gather_pass(const float *w, const int64_t *idx, long n, float *out, int p, long lines) {
     double t0 = now();
     #pragma omp parallel
     {
@@ -237,22 +263,11 @@ static double gather_pass(const float *w, const int64_t *idx, long n, float *out
         long lo = n * t / nt, hi = n * (t + 1) / nt;
         hi = lo + (hi - lo) / BAG * BAG;  /* whole bags: no bound inside the unrolled rows */
         float *o = out + (long)t * DIM;
-        for (long b = lo; b < hi; b += BAG) {
-            float acc[ROW_CHAINS][DIM];
-            memset(acc, 0, sizeof acc);
-            for (long i0 = b; i0 < b + BAG; i0 += ROW_CHAINS)
-                for (int c = 0; c < ROW_CHAINS; c++) {  /* unrolled: chain c's sums stay in registers */
-                    long i = i0 + c;
-                    if (p) {  /* every line the row touches (rows of 72 bytes straddle 2) */
-                        const char *r = (const char *)(w + idx[i + p] * DIM);
-                        for (long l = 0; l < row_bytes; l += 64) __builtin_prefetch(r + l, 0, 3);
-                        __builtin_prefetch(r + row_bytes - 1, 0, 3);
-                    }
-                    const float *restrict row = w + idx[i] * DIM;
-                    for (int k = 0; k < DIM; k++) acc[c][k] += row[k];
-                }
-            for (int c = 0; c < ROW_CHAINS; c++)
-                for (int k = 0; k < DIM; k++) o[k] += acc[c][k];
+        switch (lines) {  /* in the parallel region: OpenMP outlines it before inlining would see a constant */
+        case 1: pool_rows(w, idx, lo, hi, o, p, 1); break;
+        case 2: pool_rows(w, idx, lo, hi, o, p, 2); break;
+        case 4: pool_rows(w, idx, lo, hi, o, p, 4); break;
+        default: pool_rows(w, idx, lo, hi, o, p, (DIM * (long)sizeof(float) + 63) / 64);
         }
     }
     return now() - t0;
@@ -274,18 +289,27 @@ static int gather(long rows, long n, int huge, const char *path) {
     long whole = 0;  /* rows gathered: each thread's share, in whole bags */
     for (int t = 0, nt = omp_get_max_threads(); t < nt; t++) whole += (n * (t + 1) / nt - n * t / nt) / BAG * BAG;
     double bytes = (double)whole * row_bytes;
+    /* every distance with the whole row prefetched, and with its first 4, 2 or 1 lines: the hardware's adjacent-line
+       and stream prefetchers may bring the rest for fewer of the core's fill buffers (at DIM 128, 4 of 8 lines read
+       faster than 8; benchmarks/EMBEDDING_BAG.md) */
     const int dists[] = {0, 8, 16, 32, 64, 128, 256, MAX_DIST};
-    int best_p = 0; double best_rate = 0;
-    for (int d = 0; d < (int)(sizeof dists / sizeof *dists); d++) {
-        int p = dists[d];
-        double best = 1e30, spent = 0;
-        for (int rep = 0; rep < 20 && (rep < 3 || spent < 0.2); rep++) {
-            double dt = gather_pass(w, idx, n, out, p);
-            spent += dt;
-            if (dt < best) best = dt;
+    const long all = (row_bytes + 63) / 64, fewer[] = {4, 2, 1};
+    int best_p = 0; long best_lines = all; double best_rate = 0;
+    for (int f = -1; f < 3; f++) {
+        long lines = f < 0 ? all : fewer[f];
+        if (f >= 0 && lines >= all) continue;
+        for (int d = 0; d < (int)(sizeof dists / sizeof *dists); d++) {
+            int p = dists[d];
+            if (p == 0 && f >= 0) continue;  /* no prefetch: once */
+            double best = 1e30, spent = 0;
+            for (int rep = 0; rep < 20 && (rep < 3 || spent < 0.1); rep++) {
+                double dt = gather_pass(w, idx, n, out, p, lines);
+                spent += dt;
+                if (dt < best) best = dt;
+            }
+            printf("gather %d %ld %.6f\n", p, lines, bytes / best / 1e9);
+            if (bytes / best > best_rate) { best_rate = bytes / best; best_p = p; best_lines = lines; }
         }
-        printf("gather %d %.6f\n", p, bytes / best / 1e9);
-        if (bytes / best > best_rate) { best_rate = bytes / best; best_p = p; }
     }
     /* The best distance timed as the kernels are (autotune.bench's Timing): the median of STEADY_REPEATS repeats,
        each of whole passes lasting at least STEADY_MS. The sweep's best-of over passes of a few milliseconds
@@ -293,14 +317,14 @@ static int gather(long rows, long n, int huge, const char *path) {
     double reps[STEADY_REPEATS];
     for (int rep = 0; rep < STEADY_REPEATS; rep++) {
         double spent = 0; long passes = 0;
-        while (spent < STEADY_MS * 1e-3 || passes < 1) { spent += gather_pass(w, idx, n, out, best_p); passes++; }
+        for (; spent < STEADY_MS * 1e-3 || passes < 1; passes++) spent += gather_pass(w, idx, n, out, best_p, best_lines);
         reps[rep] = spent / passes;
     }
     for (int i = 1; i < STEADY_REPEATS; i++)  /* insertion sort: five values */
         for (int j = i; j > 0 && reps[j] < reps[j - 1]; j--) {
             double t = reps[j]; reps[j] = reps[j - 1]; reps[j - 1] = t;
         }
-    printf("steady %d %.6f\n", best_p, bytes / reps[STEADY_REPEATS / 2] / 1e9);
+    printf("steady %d %ld %.6f\n", best_p, best_lines, bytes / reps[STEADY_REPEATS / 2] / 1e9);
     long seq = n < rows ? n : rows;
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
@@ -444,10 +468,11 @@ def int8_peak(fresh: bool = False) -> Roof:
 
 def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES, huge_pages: bool = True,
                  indices: Any = None) -> dict[str, float]:
-    """GB/s of the row gather per prefetch distance ("prefetch N": the best of short passes), at the best of them
-    timed as the kernels are ("steady": the median of 5 repeats of >= 100 ms) and of a sequential read, the
-    table in 2 MB pages (as the embedding ops keep theirs: search_spaces/embedding_bag/pages.py) or in 4 KB ones. The rows:
-    `n` uniformly random ones, or `indices` (an integer array of rows in [0, rows)) in their order."""
+    """GB/s of the row gather per prefetch distance and lines prefetched ("prefetch N, L lines": the best of short
+    passes), at the best of them timed as the kernels are ("steady": the median of 5 repeats of >= 100 ms) and
+    of a sequential read, the table in 2 MB pages (as the embedding ops keep theirs: search_spaces/embedding_bag/
+    pages.py) or in 4 KB ones. The rows: `n` uniformly random ones, or `indices` (an integer array of rows in
+    [0, rows)) in their order."""
     with tempfile.TemporaryDirectory() as tmp:
         stream: tuple[str, ...] = ()
         if indices is not None:
@@ -461,7 +486,7 @@ def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES, huge_pages: bool 
             stream, n = (str(path),), idx.size
         out = {}
         for line in _run("gather", str(rows), str(dim), str(n), "huge" if huge_pages else "small", *stream, dim=dim):
-            out[f"prefetch {line[1]}" if line[0] == "gather" else line[0]] = float(line[-1])
+            out[f"prefetch {line[1]}, {line[2]} lines" if line[0] == "gather" else line[0]] = float(line[-1])
     return out
 
 

@@ -1,9 +1,10 @@
 """This machine's roofline figures, as `autotune bench` measures them (autotune/roofline.py), printed in full.
 
-The random-row gather over a (rows, dim) fp32 table at each software-prefetch distance (the best is the roof of
-an embedding bag), a sequential read of up to as many rows for scale, the table in 2 MB pages (as the embedding
-ops keep theirs: the roof) and in 4 KB ones, and the fp32 FMA and int8 peaks. Runs on
-TVM_NUM_THREADS threads (default: all cores), as the kernels do. Usage:
+The random-row gather over a (rows, dim) fp32 table at each software-prefetch distance, prefetching whole rows or
+their first lines (the best of them, timed again as kernels are, is the roof of an embedding bag), a sequential
+read of up to as many rows for scale, the table in 2 MB pages (as the embedding ops keep theirs: the roof) and in
+4 KB ones, and the fp32 FMA and int8 peaks. Runs on TVM_NUM_THREADS threads (default: all cores), as the kernels
+do. Usage:
     python -m benchmarks.gather_bandwidth --rows 1000000 --dim 64
 """
 
@@ -27,11 +28,11 @@ def main() -> None:
         print(f" the table in {pages}")
         for name, gbps in roofline.gather_sweep(a.rows, a.dim, a.indices, huge_pages=huge).items():
             label = ("sequential read (table's first rows)" if name == "sequential"
-                     else "best distance, median of repeats" if name == "steady"
-                     else f"random-row gather, {name:>11s}")
-            print(f"  {label:<34s} {gbps:8.2f} GB/s")
+                     else "the best of them, median of repeats" if name == "steady"
+                     else f"random-row gather, {name}")
+            print(f"  {label:<44s} {gbps:8.2f} GB/s")
     for roof in (roofline.gather_bandwidth(a.rows, a.dim), roofline.fp32_peak(), roofline.int8_peak()):
-        print(f"roof as bench takes it (the best distance, median of repeats; measured again in every round): "
+        print(f"roof as bench takes it (measured again in every bench round): "
               f"{roof.name} {roof.value:.2f} {roof.unit}")
 
 
