@@ -26,9 +26,10 @@ from benchmarks.lib.summary import markdown_table
 
 @dataclass(frozen=True)
 class Shape:
-    """One benched shape: the op, its `--shape`, the ratios it is held to ((a PyTorch path or FBGEMM's TBE, at
-    least this many times as fast)), trials to tune (a share of --trials: the batched op's configs build slower)
-    and PyTorch's fp32 path the table shows (the batched op's: per-table calls and a cat, as DLRM does)."""
+    """One benched shape: the op, its `--shape`, the ratios it is held to (a PyTorch path or FBGEMM's TBE, and
+    how many times as fast the kernel must be), trials to tune (a share of --trials: the batched op's configs
+    build slower) and PyTorch's fp32 path the table shows (the batched op's: per-table calls and a cat, as DLRM
+    does)."""
 
     op: str
     shape: str
