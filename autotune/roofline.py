@@ -491,9 +491,9 @@ def gather_sweep(rows: int, dim: int, n: int = GATHER_INDICES, huge_pages: bool 
 
 
 def gather_bandwidth(rows: int, dim: int, fresh: bool = False, indices: Any = None) -> Roof:
-    """Measured row-gather bandwidth over a (rows, dim) fp32 table, in GB/s (the best prefetch distance and lines, timed as
-    the kernels are: `gather_sweep`'s "steady"): of uniformly random rows, or of the rows `indices` names (a
-    workload's own stream: the limit of exactly its traffic, hot rows staying in cache as they do for the
+    """Measured row-gather bandwidth over a (rows, dim) fp32 table, in GB/s (the best prefetch distance and lines,
+    timed as the kernels are: `gather_sweep`'s "steady"): of uniformly random rows, or of the rows `indices` names
+    (a workload's own stream: the limit of exactly its traffic, hot rows staying in cache as they do for the
     kernel)."""
     if rows < 1 or dim < 1:
         raise ValueError(f"a gather table needs rows >= 1 and dim >= 1, got ({rows}, {dim})")
