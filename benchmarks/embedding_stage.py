@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", default=",".join(SHAPES), help=f"comma-separated shapes of {', '.join(SHAPES)}")
     p.add_argument("--json", help="write every bench's figures here")
     args = p.parse_args(argv)
+    if args.trials < 0 or args.benches < 1:
+        p.error(f"--trials must be >= 0 and --benches >= 1, got {args.trials} and {args.benches}")
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in SHAPES]
     if unknown:

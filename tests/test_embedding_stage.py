@@ -34,7 +34,11 @@ def test_a_target_is_judged_by_the_median_of_the_benches_ratios():
     assert "(>= 1.1: no)" in stage.summary_row("x", s, slow)[5]
 
 
-def test_unknown_shapes_are_refused(tmp_path, capsys):
+def test_unknown_shapes_and_counts_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         stage.main(["--log-dir", str(tmp_path), "--only", "zipf,nope"])
     assert "unknown shape(s) ['nope']" in capsys.readouterr().err
+    for bad in (["--trials", "-1"], ["--benches", "0"]):
+        with pytest.raises(SystemExit):
+            stage.main(["--log-dir", str(tmp_path), *bad])
+        assert "--trials must be >= 0 and --benches >= 1" in capsys.readouterr().err

@@ -6,8 +6,7 @@ the bf16 rounding of what the ones before left), in a scratch the tiles then loa
 bytes); the weight comes split the same way, packed once in the layout AMX's B tiles read (pairs of k per
 column). Per 32 of k, the six products of pieces down to 2^-16 of the term (hi·hi, hi·mid, hi·lo, mid·hi,
 mid·mid, lo·hi; workload.py) accumulate in the fp32 tiles (`tdpbf16ps`), grouped by X's piece so each A tile is
-loaded once. 'simd': float32
-FMAs on the weight packed in 16-column panels (CPUs without AMX-BF16).
+loaded once. 'simd': float32 FMAs on the weight packed in 16-column panels (CPUs without AMX-BF16).
 """
 
 from __future__ import annotations
