@@ -230,7 +230,7 @@ def _export(args: argparse.Namespace) -> None:
     from autotune.package import export
 
     log = TuningLog.existing(args.log)
-    best = [b for key in log.tasks() if (not args.device or key[2] in args.device)
+    best = [b for key in log.tasks() if (not args.device or key.device in args.device)
             and (b := log.best(key, args.include_stale)) is not None]
     if not best:
         stale = sum(len(log.stale(key, args.include_stale)) for key in log.tasks())

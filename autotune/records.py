@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 # 2: records carry `template_version`. Version-1 lines still load, with template_version "" (stale).
 FORMAT_VERSION = 2
@@ -31,6 +31,15 @@ ERROR_KINDS = ("invalid", "build", "build_timeout", "crash", "timeout", "runtime
 
 class CorruptLogWarning(UserWarning):
     pass
+
+
+class TaskKey(NamedTuple):
+    """One tuning task's identity, the same everywhere: a record's `task`, a `Task`'s `key`, a log's and the
+    measurement cache's index, and `tune_model`'s tasks."""
+
+    op: str
+    workload_key: str
+    device: str
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,8 @@ class Record:
         return statistics.median(self.costs) if self.ok else math.inf
 
     @property
-    def task(self) -> tuple[str, str, str]:
-        return (self.op, self.workload_key, self.device)
+    def task(self) -> TaskKey:
+        return TaskKey(self.op, self.workload_key, self.device)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -135,7 +144,8 @@ def load_many(paths: Iterable[str | os.PathLike[str]]) -> list[Record]:
 
 
 def for_task(records: Iterable[Record], op: str, workload_key: str, device: str) -> list[Record]:
-    return [r for r in records if r.task == (op, workload_key, device)]
+    want = TaskKey(op, workload_key, device)
+    return [r for r in records if r.task == want]
 
 
 def best(records: Iterable[Record], op: str, workload_key: str, device: str) -> Record | None:

@@ -31,6 +31,11 @@ class Task:
     def workload_key(self) -> str:
         return self.workload.key()
 
+    @property
+    def key(self) -> records.TaskKey:
+        """(op, workload key, device name): the task's identity in records, logs and caches."""
+        return records.TaskKey(self.op, self.workload_key, self.device.name)
+
     def lower(self, cfg: Config) -> Any:
         return self.template.lower(self.workload, cfg, self.device.target())
 

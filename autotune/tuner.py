@@ -241,7 +241,7 @@ class _Model:
 
         self.main = ranker(feature_set)
         self.shortlist = ranker("knobs") if uses_program(feature_set) else None
-        self.task_key = (task.op, task.workload_key, task.device.name)
+        self.task_key = task.key
 
     @property
     def trained(self) -> bool:
@@ -251,7 +251,7 @@ class _Model:
         """Take the records that can teach the task, then refit."""
         program = self.main.featurizer.program  # measured programs need no lowering when the reranker asks
         for r in recs:
-            if r.features and (r.op, r.workload_key, r.device) == self.task_key:
+            if r.features and r.task == self.task_key:
                 try:
                     program[self.space.from_json(r.config)] = r.features
                 except InvalidConfig:

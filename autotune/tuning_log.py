@@ -13,18 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Union
 
 from . import records
-from .records import Record
+from .records import Record, TaskKey
 from .runtime import HARNESS
 
 if TYPE_CHECKING:
     from .task import Task
 
-TaskKey = tuple[str, str, str]  # (op, workload key, device name), as `Record.task`
 PathLike = Union[str, "os.PathLike[str]"]
 
 
 def task_key(task: "Task | TaskKey") -> TaskKey:
-    return task if isinstance(task, tuple) else (task.op, task.workload_key, task.device.name)
+    return TaskKey(*task) if isinstance(task, tuple) else task.key
 
 
 def _paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:

@@ -49,7 +49,7 @@ def tuned(name: str, model: Any, example: Any, held_out: Sequence[Any], rules: l
 
 def rules_without(quantize: bool, *names: str) -> list[Any]:
     """tune_model's rules less those named (a table rule's int8 variant goes with it)."""
-    from autotune.torch.graph import collect_rules
+    from autotune.torch.rules import collect_rules
 
     return [r for r in collect_rules(quantize=quantize) if r.name not in names and r.name.removesuffix("_int8")
             not in names]

@@ -21,8 +21,9 @@ from search_spaces.template import Reduced
 
 def layers_of(model: torch.nn.Module, args: tuple[Any, ...], smoothing: bool) -> tuple[Any, list[Reduced]]:
     """The captured graph and its reduced-precision layers as tune_model's rules find them."""
-    from autotune.torch.graph import capture
-    from autotune.torch.tune_model import _reduced, collect_rules, discover
+    from autotune.torch.graph import capture, discover
+    from autotune.torch.ladder import reduced_layers
+    from autotune.torch.rules import collect_rules
 
     default = qgraph.SMOOTH_GAIN
     qgraph.SMOOTH_GAIN = default if smoothing else 0.0
@@ -31,7 +32,7 @@ def layers_of(model: torch.nn.Module, args: tuple[Any, ...], smoothing: bool) ->
         found = discover(gm, args, collect_rules(True, (), None))
     finally:
         qgraph.SMOOTH_GAIN = default
-    return gm, _reduced([*found.matches, *found.alternatives])
+    return gm, reduced_layers([*found.matches, *found.alternatives])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=2048)
     args = p.parse_args(argv)
     from autotune.torch import accuracy
-    from autotune.torch.graph import _as_args
+    from autotune.torch.capture import as_args
 
     dlrm = example.dlrm()
     torch.manual_seed(0)
     model = dlrm.DLRM(tuple(min(r, 200_000) for r in dlrm.CRITEO_KAGGLE_ROWS)).eval()
-    inputs = _as_args(dlrm.make_batch(model, args.batch, (args.pooling, args.pooling), 0))
+    inputs = as_args(dlrm.make_batch(model, args.batch, (args.pooling, args.pooling), 0))
     contract = accuracy.default_tolerance(None, True)
     checks = accuracy.check_batches(model, inputs, None)
     variants = {"not smoothed": layers_of(model, inputs, False), "smoothed": layers_of(model, inputs, True)}

@@ -327,12 +327,11 @@ class Kept:
 class GraphRule:
     """How tune_model finds an operator in a captured graph: `find(gm, values, claimed)` yields GraphMatch or
     Kept for each candidate site. `values` maps node names to their values on the example inputs (concrete
-    shapes, pooling, constant index tensors); `claimed` holds nodes earlier rules' matches took. Rules run by
-    `priority` (low first) and see the graph as earlier rules rewrote it."""
+    shapes, pooling, constant index tensors); `claimed` holds nodes earlier rules' matches took. Rules run in
+    the one order autotune/torch/rules.py gives them and see the graph as earlier rules rewrote it."""
 
     name: str
     find: Callable[[Any, dict[str, Any], set[Any]], Iterable[GraphMatch | Kept]]
-    priority: int = 0
     quantizes: bool = False  # changes numerics (int8): skipped by tune_model(quantize=False)
     precision: str = "int8"  # a quantizing rule's: the PRECISIONS step it runs layers in (a node whose floor,
     #                          set by tune_model's accuracy contract, is finer is not its to take)

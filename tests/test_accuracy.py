@@ -44,7 +44,7 @@ def _offset(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, 
 
 
 def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = None, precision: str = "int8",
-               priority: int = 5, name: str = "") -> GraphRule:
+               name: str = "") -> GraphRule:
     """A quantizing rule of `precision` (named `name`, else after it): each Linear at a module path in `errors`
     becomes linear + that error; its simulation adds `simulated`'s error instead where given (a simulation that
     misjudges the layer)."""
@@ -67,7 +67,7 @@ def noisy_rule(errors: dict[str, float], simulated: dict[str, float] | None = No
                              reduced=(Reduced(n.name, path, f"Linear at {path}, {tag}",
                                               lambda *a, e=sim, **k: _offset(*a, **k, error=e), precision),))
 
-    return GraphRule(name, find, priority, quantizes=True, precision=precision)
+    return GraphRule(name, find, quantizes=True, precision=precision)
 
 
 def tune(model: nn.Module, args: Any, tmp_path: Any, **kw: Any) -> tuple[Any, Any]:
@@ -110,7 +110,7 @@ def test_layers_climb_the_precision_ladder_one_step_at_a_time(tmp_path):
     at "4", the last layer, whose error reaches the output as it is: "0" stays int8, "2" runs bf16, "4" fp32."""
     model, args = mlp(), batch()
     int8 = noisy_rule({"0": 1e-3, "2": 5e-2, "4": 5e-2})
-    bf16 = noisy_rule({"0": 1e-4, "2": 2e-3, "4": 3e-2}, precision="bf16", priority=6)
+    bf16 = noisy_rule({"0": 1e-4, "2": 2e-3, "4": 3e-2}, precision="bf16")
     _, report = tune(model, args, tmp_path, rules=[int8, bf16], tolerance=1e-2)
     assert precisions(report) == {"0": "int8", "2": "bf16", "4": "fp32"}, str(report)
     why = {layer.where: layer.why for layer in report.accuracy.layers}
@@ -130,7 +130,7 @@ def test_int8_layers_move_up_a_rung_where_the_finer_rung_runs_the_model_faster(t
 
     model, args = mlp(), batch()
     int8 = noisy_rule({"0": 1e-4, "2": 1e-4, "4": 1e-4})
-    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5}, precision="bf16", priority=6)  # no bf16 rung for "4"
+    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5}, precision="bf16")  # no bf16 rung for "4"
 
     def whole_models(int8_s: float, bf16_s: float, wholes: list[Any]) -> Any:
         def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
@@ -179,7 +179,7 @@ def test_an_int8_layer_feeding_a_bf16_one_moves_up_alone_where_the_model_runs_fa
 
     model, args = mlp(), batch()
     int8 = noisy_rule({"0": 1e-4, "2": 5e-2, "4": 1e-4})
-    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5, "4": 1e-5}, precision="bf16", priority=6)
+    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5, "4": 1e-5}, precision="bf16")
     answers = iter([(6e-3, 9e-3), (10e-3, 6e-3)])  # (as it stands, moved up): the rule's layers, then "0"
     monkeypatch.setattr(speed, "time_pair", lambda old, new, c: (2e-3, 1e-3) if isinstance(old(), tuple)
                         else next(answers))
@@ -220,7 +220,7 @@ def test_a_replacement_right_only_on_the_example_is_caught_on_held_out_batches(t
         yield GraphMatch("baked", (out,), (out,), (), replace, where="4", what="the example's output",
                          reduced=(Reduced(out.name, "4", "baked", lambda *a, **k: baked),))
 
-    rule = GraphRule("baked", find, 5, quantizes=True)
+    rule = GraphRule("baked", find, quantizes=True)
     _, alone = tune(model, args, tmp_path, rules=[rule], check_inputs=[])  # the example only: it passes
     assert precisions(alone) == {"4": "int8"} and [e.batch for e in alone.accuracy.errors] == ["example"]
     _, drawn = tune(model, args, tmp_path, rules=[rule])
@@ -245,7 +245,7 @@ def test_fp32_rules_are_held_to_the_fp32_contract_and_a_model_that_breaks_it_com
 
         yield GraphMatch("nudge", (n,), (n,), (), replace, tolerance=(0.0, 1e-2), where="1", what="relu + 1e-3")
 
-    rule = GraphRule("nudge", find, 5)  # fp32: agrees within its own 1e-2, not within the model's 1e-4
+    rule = GraphRule("nudge", find)  # fp32: agrees within its own 1e-2, not within the model's 1e-4
     opt, report = tune(model, args, tmp_path, rules=[rule], quantize=False)
     assert opt is model and not report.accuracy.holds and "breaks the tolerance" in report.note
     assert "BROKEN" in str(report) and report.accuracy.tolerance == A.FP32_EXACT
@@ -357,7 +357,7 @@ def test_the_speed_check_cycles_through_the_timing_batches(monkeypatch):
         return 1.0, 0.5
 
     monkeypatch.setattr(speed, "time_pair", time_pair)
-    done = G.rewrite(gm, args, [GraphRule("times_one", find, 5)], speed=G.SpeedCheck(rounds=1, seconds=1e-3),
+    done = G.rewrite(gm, args, [GraphRule("times_one", find)], speed=G.SpeedCheck(rounds=1, seconds=1e-3),
                      timing_inputs=[other])
     assert len(done.replaced) == 1, done.kept
     with torch.no_grad():

@@ -10,7 +10,8 @@ from torch import nn
 
 import autotune.torch  # noqa: F401 -- registers torch.ops.autotune.*
 from autotune.torch import dense
-from autotune.torch.graph import capture, collect_rules, example_values
+from autotune.torch.graph import capture, example_values
+from autotune.torch.rules import collect_rules
 from search_spaces.template import GraphMatch
 
 pytestmark = requires_build(

@@ -651,19 +651,23 @@ def test_int8_tolerance_refuses_a_layer_without_its_relu():
     assert atol <= 0.05 * relu_out.abs().max() + 1e-5
 
 
-def test_every_template_rule_is_exposed_by_priority():
-    got = {op: [(r.name, r.priority, r.quantizes, r.fuses) for r in search_spaces.get(op).graph_rules()]
+def test_every_template_rule_is_exposed_in_order():
+    from autotune.torch.rules import ORDER
+
+    got = {op: [(r.name, r.quantizes, r.fuses) for r in search_spaces.get(op).graph_rules()]
            for op in ("embedding_interaction", "batched_embedding_bag", "embedding_bag", "interaction", "qmatmul")}
-    assert got == {"embedding_interaction": [("embedding_interaction_int8", 4, True, ("batched_embedding_bag_int8",
-                                                                                       "interaction")),
-                                             ("embedding_interaction_fp16", 4, True, ("batched_embedding_bag_int8",
-                                                                                       "interaction")),
-                                             ("embedding_interaction", 5, False, ("batched_embedding_bag",
-                                                                                  "interaction"))],
-                   "batched_embedding_bag": [("batched_embedding_bag_int8", 9, True, ()),
-                                             ("batched_embedding_bag", 10, False, ())],
-                   "embedding_bag": [("embedding_bag", 20, False, ())],
-                   "interaction": [("interaction", 30, False, ())], "qmatmul": [("qmatmul", 40, True, ())]}
+    assert got == {"embedding_interaction": [("embedding_interaction_int8", True, ("batched_embedding_bag_int8",
+                                                                                  "interaction")),
+                                             ("embedding_interaction_fp16", True, ("batched_embedding_bag_int8",
+                                                                                  "interaction")),
+                                             ("embedding_interaction", False, ("batched_embedding_bag",
+                                                                             "interaction"))],
+                   "batched_embedding_bag": [("batched_embedding_bag_int8", True, ()),
+                                             ("batched_embedding_bag", False, ())],
+                   "embedding_bag": [("embedding_bag", False, ())],
+                   "interaction": [("interaction", False, ())], "qmatmul": [("qmatmul", True, ())]}
+    assert ORDER[:7] == ("embedding_interaction_int8", "embedding_interaction_fp16", "embedding_interaction",
+                         "batched_embedding_bag_int8", "batched_embedding_bag", "embedding_bag", "interaction")
 
 
 def test_the_example_indices_skew_reaches_the_bag_tasks():

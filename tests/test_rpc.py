@@ -210,3 +210,32 @@ def test_the_stock_tvm_server_is_refused_with_what_to_run_instead(farm, cpu_buil
     finally:
         runner.close()
         farm.kill("stock")
+
+
+@pytest.mark.slow
+def test_tune_model_tunes_a_model_through_the_farm_and_a_local_run_picks_the_same_kernels(farm, tmp_path,
+                                                                                         cpu_builder):
+    """tune_model(runner="rpc://...") measures every task's candidates on the farm's servers; a local run over the
+    same records tunes nothing and rewrites the model on the same kernels."""
+    import shutil
+
+    import torch
+
+    import autotune.torch as at
+    from test_tune_model import TinyDLRM, make_batch
+
+    torch.manual_seed(0)
+    model = TinyDLRM().eval()
+    args = make_batch(model, 8)
+    kw = dict(trials=2, quantize=False, progress=False, bench_rounds=0, require_speedup=False, builder=cpu_builder)
+    remote, report = at.tune_model(model, args, log_dir=tmp_path / "farm", runner=farm.url(), **kw)
+    assert report.measured >= 2 * len(report.tasks) and all(t.record is not None for t in report.tasks), str(report)
+    shutil.copytree(tmp_path / "farm", tmp_path / "local", ignore=shutil.ignore_patterns("package"))
+    local, again = at.tune_model(model, args, log_dir=tmp_path / "local", **kw)
+    assert again.measured == 0
+    assert {t.key: t.record.config_key for t in again.tasks} == {t.key: t.record.config_key for t in report.tasks}
+    assert [r.rule for r in again.replaced] == [r.rule for r in report.replaced]
+    other = make_batch(model, 13, seed=1)
+    with torch.inference_mode():
+        torch.testing.assert_close(remote(*other), local(*other), rtol=0, atol=0)
+        torch.testing.assert_close(remote(*other), model(*other), rtol=1e-4, atol=1e-4)

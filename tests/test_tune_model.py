@@ -80,7 +80,7 @@ def model() -> TinyDLRM:
     return TinyDLRM().eval()
 
 
-def node_rule(name: str, target: Any, build: Callable[[Any, Any], Any], priority: int = 5,
+def node_rule(name: str, target: Any, build: Callable[[Any, Any], Any],
               tolerance: tuple[float, float] = (1e-4, 1e-5)) -> GraphRule:
     """A rule replacing every call of `target` by `build(gm, node)` (the new output node)."""
 
@@ -94,7 +94,7 @@ def node_rule(name: str, target: Any, build: Callable[[Any, Any], Any], priority
                 yield GraphMatch(rule=name, nodes=(n,), outputs=(n,), tasks=(), replace=replace,
                                  tolerance=tolerance, where=G.module_path(n), what=f"{name} at {n.name}")
 
-    return GraphRule(name, find, priority)
+    return GraphRule(name, find)
 
 
 def relu_to_clamp(gm: Any, n: Any) -> Any:  # the same function: must be kept
@@ -301,7 +301,7 @@ def test_a_fusing_rule_is_kept_only_where_the_whole_model_is_faster_with_it(mode
     from autotune.torch import speed
 
     args = make_batch(model, BATCH)
-    apart = node_rule("clamp", aten.relu.default, relu_to_clamp, priority=10)
+    apart = node_rule("clamp", aten.relu.default, relu_to_clamp)
     fused = dataclasses.replace(node_rule("fused", aten.relu.default, relu_to_threshold), fuses=("clamp",))
     found = G.discover(G.capture(model, args), args, [fused, apart])
     assert [m.rule for m in found.matches] == ["fused"] * 3 and [m.rule for m in found.alternatives] == ["clamp"] * 3
@@ -406,7 +406,7 @@ def test_rewrite_refuses_what_ready_refuses_and_overlapping_matches(model):
     assert done.kept == [Kept("relu", "top.1", "missing kernel: none tuned")]
 
     relu = node_rule("relu", aten.relu.default, relu_to_clamp)
-    twice = GraphRule("twice", lambda gm, v, c: [*relu.find(gm, v, c), *relu.find(gm, v, set())], 5)
+    twice = GraphRule("twice", lambda gm, v, c: [*relu.find(gm, v, c), *relu.find(gm, v, set())])
     found = G.discover(G.capture(model, args), args, [twice])
     assert len(found.matches) == 3 and len(found.kept) == 3
     assert all("overlaps" in k.why for k in found.kept)
@@ -439,16 +439,36 @@ def test_a_replacement_running_pytorch_instead_of_a_kernel_is_refused():
     assert "no loaded interaction kernel" in kept.why and "tables=2 dim=10" in kept.why
 
 
-def test_rules_run_by_priority_and_quantizing_ones_only_when_asked():
-    def rule(name: str, priority: int, quantizes: bool = False) -> GraphRule:
-        return GraphRule(name, lambda gm, v, c: (), priority, quantizes)
+def test_rules_run_in_one_order_and_quantizing_ones_only_when_asked():
+    """Given rules run in the order given, extra ones after; the built-in ones in rules.ORDER; a name given twice
+    or a `fuses` naming no rule of the set is refused when the rules are collected, before any work."""
+    from autotune.torch.rules import ORDER, RuleError, collect_rules
 
-    rules = [rule("q", 1, True), rule("b", 5), rule("a", 2)]
-    assert [r.name for r in G.collect_rules(False, rules=rules)] == ["a", "b"]
-    assert [r.name for r in G.collect_rules(True, extra=[rule("z", 0)], rules=rules)] == ["z", "q", "a", "b"]
-    names = [r.name for r in G.collect_rules(True)]  # the templates' own, in their fixed order
+    def rule(name: str, quantizes: bool = False, fuses: tuple[str, ...] = ()) -> GraphRule:
+        return GraphRule(name, lambda gm, v, c: (), quantizes=quantizes, fuses=fuses)
+
+    rules = [rule("q", True), rule("b"), rule("a")]
+    assert [r.name for r in collect_rules(False, rules=rules)] == ["b", "a"]
+    assert [r.name for r in collect_rules(True, extra=[rule("z")], rules=rules)] == ["q", "b", "a", "z"]
+    names = [r.name for r in collect_rules(True)]  # the templates' own and oneDNN's, in ORDER
+    assert names == [n for n in ORDER if n in names] and set(names) == set(ORDER)
     assert names.index("batched_embedding_bag") < names.index("embedding_bag") < names.index("interaction")
-    assert "qmatmul" in names and "qmatmul" not in [r.name for r in G.collect_rules(False)]
+    assert "qmatmul" in names and "qmatmul" not in [r.name for r in collect_rules(False)]
+    with pytest.raises(RuleError, match="'f' fuses 'bags', which no rule of this set is named"):
+        collect_rules(True, rules=[rule("f", fuses=("bags",)), rule("a")])
+    with pytest.raises(RuleError, match="'f' fuses 'bags'"):  # refused whether or not it would run
+        collect_rules(False, rules=[rule("f", quantizes=True, fuses=("bags",))])
+    with pytest.raises(RuleError, match="given twice: a"):
+        collect_rules(True, extra=[rule("a")], rules=rules)
+
+
+def test_a_template_rule_without_a_place_in_the_order_is_refused(monkeypatch):
+    from autotune.torch import rules as R
+    from search_spaces.interaction import graph as igraph
+
+    monkeypatch.setattr(igraph, "RULES", (*igraph.RULES, GraphRule("interaction_v2", lambda gm, v, c: ())))
+    with pytest.raises(R.RuleError, match="interaction_v2 have no place in autotune.torch.rules.ORDER"):
+        R.collect_rules(True)
 
 
 def test_profile_times_each_module_and_new_nodes_keep_their_module(model, tmp_path):
@@ -469,6 +489,12 @@ def test_a_model_with_nothing_we_serve_comes_back_unchanged(tmp_path):
     assert report.tasks == [] and report.replaced == [] and report.measured == 0
     assert "nothing in this model is served" in str(report)
     assert not (tmp_path / "logs").exists()  # nothing tuned, nothing written
+
+
+def test_a_runner_that_names_none_is_refused_before_any_work(model, tmp_path):
+    with pytest.raises(ValueError, match="unknown runner 'tcp://h:1/k'; expected local, offline:DIR or rpc://"):
+        tune(model, make_batch(model, BATCH), tmp_path, runner="tcp://h:1/k")
+    assert not (tmp_path / "logs").exists()
 
 
 @pytest.mark.parametrize("bad", ["dense width", "index out of range"])
@@ -693,12 +719,15 @@ def test_int8_tables_that_break_the_tolerance_come_back_fp32_and_the_report_says
 
 
 def test_a_site_whose_task_found_no_kernel_is_kept_with_the_reason():
-    from autotune.torch.tune_model import TaskReport, _key, _ready
+    from autotune.torch.session import TuningSession, task_key
+    from autotune.torch.tune_model import TaskReport
 
     fields = dict(batch=BATCH, tables=3, dim=16)
-    failed = TaskReport(op="interaction", fields=fields, workload_key=_key("interaction", fields)[1],
+    session = TuningSession("cpu", "unused", trials=2)
+    failed = TaskReport(key=task_key("interaction", fields, session.device.name), fields=fields,
                         why="tuning found no correct kernel in 2 trials (see interaction.jsonl)")
-    ready = _ready([failed])
+    session.tasks.append(failed)
+    ready = session.ready()
 
     def site(f: dict[str, Any]) -> GraphMatch:
         return GraphMatch("interaction", (), (), (("interaction", f),), lambda gm: ())
@@ -713,7 +742,7 @@ def test_a_site_whose_task_found_no_kernel_is_kept_with_the_reason():
 def test_a_layer_left_in_fp32_says_why_each_reduced_precision_rule_left_it():
     """int8 may refuse a layer by its shape and bf16 then lose its speed check: the report names both, so it
     does not read as if int8's refusal alone kept the layer in fp32."""
-    from autotune.torch.tune_model import _why_kept
+    from autotune.torch.ladder import why_kept
     from search_spaces.template import Reduced
 
     layer = Reduced("linear_2", "top.2", "Linear(256, 1)", simulate=lambda *a: None)
@@ -721,10 +750,10 @@ def test_a_layer_left_in_fp32_says_why_each_reduced_precision_rule_left_it():
             Kept("interaction", "top.2", "not an interaction"),  # a rule that reduces nothing
             Kept("dense_linear_bf16", "top.2", "slower: 0.05 ms vs PyTorch 0.04 ms", slower=True),
             Kept("dense_linear_bf16", "top.0", "slower: 0.2 ms vs PyTorch 0.1 ms", slower=True)]
-    why = _why_kept(layer, kept, {"qmatmul_int8", "dense_linear_bf16"})
+    why = why_kept(layer, kept, {"qmatmul_int8", "dense_linear_bf16"})
     assert why == ("qmatmul_int8: out_features 1 < 8: too few outputs for int8 to pay off; "
                    "dense_linear_bf16: slower: 0.05 ms vs PyTorch 0.04 ms")
-    assert _why_kept(layer, kept[1:2], {"qmatmul_int8"}) == "its site was not rewritten"
+    assert why_kept(layer, kept[1:2], {"qmatmul_int8"}) == "its site was not rewritten"
 
 
 def test_tasks_measure_the_best_config_a_sibling_found_after_them(tmp_path):
@@ -737,7 +766,8 @@ def test_tasks_measure_the_best_config_a_sibling_found_after_them(tmp_path):
     from autotune.build import Built
     from autotune.measure import Measured
     from autotune.task import make_task
-    from autotune.torch.tune_model import TaskReport, _key, _Logs, _share_bests
+    from autotune.torch.session import TuningSession
+    from autotune.torch.tune_model import TaskReport
 
     shapes = [dict(rows=400, dim=16, batch=32, pooling=(0, 12)), dict(rows=500, dim=16, batch=32, pooling=(0, 12))]
     early, late = (make_task("embedding_bag", "cpu", **f) for f in shapes)
@@ -764,22 +794,23 @@ def test_tasks_measure_the_best_config_a_sibling_found_after_them(tmp_path):
             measured.extend((task.workload_key, b.config.key()) for b in built)
             return [Measured(b, (speed[task.workload_key, b.config.key()],)) for b in built]
 
-    logs = _Logs(tmp_path)
-    reports = []
+    pools = Pools()
+    session = TuningSession("cpu", tmp_path, trials=2, shipped=False, progress=False, runner=pools, builder=pools)
+    reports = session.tasks
     for task, f, n in ((early, shapes[0], 2), (late, shapes[1], 1)):
-        t = TaskReport(op="embedding_bag", fields=f, workload_key=_key("embedding_bag", f)[1], measured=n)
-        t.record = logs.own("embedding_bag").best(task)
+        t = TaskReport(key=task.key, fields=f, measured=n)
+        t.record = session.logs.own("embedding_bag").best(task)
         t.best_s = t.record.latency
         reports.append(t)
-    _share_bests(reports, reports[1:], "cpu", logs, False, False, Pools())
+    session._share_bests(reports[1:])
     # `early` measured `found` (faster: then both again), `late` measured `mine` (slower: once)
     assert sorted(measured) == sorted([(early.workload_key, found.key()), (early.workload_key, found.key()),
                                        (early.workload_key, mine.key()), (late.workload_key, mine.key())])
     assert reports[0].record.config_key == found.key() and reports[0].best_s == pytest.approx(1e-4)
     assert reports[1].record.config_key == found.key() and reports[1].measured == 1 + 1
     measured.clear()
-    _share_bests(reports, reports[1:], "cpu", logs, False, False, Pools())  # nothing new to measure
+    session._share_bests(reports[1:])  # nothing new to measure
     for t in reports:
         t.measured = 0
-    _share_bests(reports, reports, "cpu", logs, False, False, Pools())  # nothing tuned this round
+    session._share_bests(reports)  # nothing tuned this round
     assert measured == []

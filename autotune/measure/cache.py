@@ -29,19 +29,18 @@ from ..task import Task
 from .base import Measured, Runner
 from .common import discard
 
-Key = tuple[str, str, str, str, str]  # device, op, workload_key, template_version, config_key
+Key = tuple[records.TaskKey, str, str]  # the task, template_version, config_key
 
 _BUILT_FIELDS = {f.name for f in dataclasses.fields(Built)}
 _RECORD_FIELDS = {f.name for f in dataclasses.fields(records.Record)}
 
 
 def _key(task: Task, config_key: str, version: str | None = None) -> Key:
-    return (task.device.name, task.op, task.workload_key,
-            task.template_version if version is None else version, config_key)
+    return (task.key, task.template_version if version is None else version, config_key)
 
 
 def _record_key(r: records.Record) -> Key:
-    return (r.device, r.op, r.workload_key, r.template_version, r.config_key)
+    return (r.task, r.template_version, r.config_key)
 
 
 class MeasurementCache:
@@ -69,8 +68,8 @@ class MeasurementCache:
 
     def records_for(self, task: Task) -> list[records.Record]:
         """Every cached record of this task (current template version), in the order first measured."""
-        want = _key(task, "")[:4]
-        return [r for k, r in self.entries.items() if k[:4] == want]
+        want = _key(task, "")[:2]
+        return [r for k, r in self.entries.items() if k[:2] == want]
 
     def store(self, task: Task, measured: Sequence[Measured]) -> None:
         new = []

@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 from search_spaces.template import PRECISIONS, Reduced
 
-from .graph import _as_args, flat_inputs
+from .capture import as_args, flat_inputs
 
 __all__ = ["Batch", "BatchError", "FP32_EXACT", "INT8", "LayerPrecision", "Tolerance", "AccuracyReport",
            "check", "check_batches", "default_tolerance", "draw_like", "layer_costs", "layer_shares",
@@ -110,7 +110,7 @@ def check_batches(model: torch.nn.Module, args: tuple[Any, ...], check_inputs: S
             raise ValueError("tune_model: check_inputs must be a list of batches, each given as example_inputs is, "
                              f"got {type(check_inputs).__name__}")
         for i, inputs in enumerate(check_inputs):
-            batch = _as_args(inputs)
+            batch = as_args(inputs)
             try:
                 batches.append(Batch(f"check_inputs[{i}]", batch, _eager(model, batch)))
             except Exception as err:  # noqa: BLE001 -- say which batch, keep the model's error

@@ -263,6 +263,6 @@ def _chained(chain: list[Any]) -> Any:
 
 
 BF16_OP = torch.ops.autotune.dense_linear_bf16.default
-RULES = (GraphRule(RULE_BF16, find_bf16, priority=50, quantizes=True, precision="bf16"),
-         GraphRule(RULE_CHAIN, find_chains, priority=55),
-         GraphRule(RULE, find, priority=60))
+RULES = (GraphRule(RULE_BF16, find_bf16, quantizes=True, precision="bf16"),
+         GraphRule(RULE_CHAIN, find_chains),
+         GraphRule(RULE, find))

@@ -8,7 +8,7 @@ engine checks every replacement by numbers before it keeps it:
 
     discover: each rule's `find` on the captured graph -> the matches (and the tasks their kernels need) and
               the look-alikes refused by structure (`Kept`), before anything is tuned;
-    rewrite:  per rule, in priority order, on the graph as earlier rules left it: find again, `replace` each
+    rewrite:  per rule, in the rules' order (rules.py), on the graph as earlier rules left it: find again, `replace` each
               match (new nodes inserted, not wired), run the graph once on the example inputs computing old and
               new values together, rewire the outputs of the matches whose new values agree within their
               tolerance (and, with `speed`, whose new nodes run faster than the old ones: `speed.py`), erase
@@ -36,63 +36,16 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-import search_spaces
 from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced
 
-from . import dense
 from . import speed as _speed
+from .capture import CaptureError, capture, flat_inputs, module_path
 from .speed import SpeedCheck
 
-__all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "SpeedCheck", "capture", "collect_rules", "discover",
+__all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "SpeedCheck", "capture", "discover",
            "example_values", "flat_inputs", "module_path", "node_times", "profile", "rewrite"]
 
 _STRUCTURAL = ("placeholder", "get_attr", "output")
-
-
-class CaptureError(RuntimeError):
-    """torch.export could not capture a model that runs eagerly on the example inputs."""
-
-
-# ---- capture ------------------------------------------------------------------------------------------------
-def _as_args(example_inputs: Any) -> tuple[Any, ...]:
-    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-
-
-def _dynamic(args: tuple[Any, ...]) -> Any:
-    """Dim 0 of every tensor dynamic (batch, number of indices, offsets): the other dims are the model's sizes
-    (a feature width, a table's dim), which the graph may bake in."""
-    from torch.export import Dim
-
-    return pytree.tree_map(lambda v: {0: Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None, args)
-
-
-def capture(model: torch.nn.Module, example_inputs: Any) -> fx.GraphModule:
-    """The model as an fx.GraphModule of ATen ops (torch.export, then `ep.module()`), dim 0 of every input
-    dynamic. The model runs eagerly first, so inputs it rejects raise the model's own error."""
-    args = _as_args(example_inputs)
-    with torch.no_grad():
-        model(*args)  # the model's own error for bad inputs, not an export trace of it
-    try:
-        ep = torch.export.export(model, args, dynamic_shapes=_dynamic(args))
-    except Exception as err:  # noqa: BLE001 -- any export failure: say so, keep the cause
-        raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: "
-                           f"{str(err).splitlines()[0] if str(err) else ''}") from err
-    return ep.module()  # type: ignore[return-value]
-
-
-def flat_inputs(gm: fx.GraphModule, example_inputs: Any) -> list[Any]:
-    """The graph's placeholder values: the example inputs flattened as export's in_spec flattens them."""
-    return pytree.tree_leaves((_as_args(example_inputs), {}))
-
-
-def module_path(node: fx.Node) -> str:
-    """The model's module a node came from ("bottom.0"), "" for the top-level forward."""
-    stack = node.meta.get("nn_module_stack") or {}
-    for path, _ in reversed(list(stack.values())):
-        path = str(path)
-        if not path.startswith("_empty"):
-            return path.removeprefix("L['self'].")
-    return ""
 
 
 # ---- example values -----------------------------------------------------------------------------------------
@@ -199,23 +152,6 @@ def _disagreement(old: Any, new: Any, tolerance: tuple[float, float]) -> tuple[s
 
 
 # ---- rules --------------------------------------------------------------------------------------------------
-def collect_rules(quantize: bool = True, extra: Iterable[GraphRule] = (),
-                  rules: Iterable[GraphRule] | None = None) -> list[GraphRule]:
-    """Every template's graph rules (templates without `graph_rules` have none) and oneDNN's float32 Linear rule
-    (`dense`), plus `extra`, by priority; rules that change numerics (`quantizes`) only with `quantize`. `rules`
-    replaces the built-in ones."""
-    if rules is None:
-        found: list[GraphRule] = []
-        for name in search_spaces.names():
-            fn = getattr(search_spaces.get(name), "graph_rules", None)
-            if fn is not None:
-                found.extend(fn())
-        found.extend(dense.RULES)  # float32 layers no template serves: oneDNN's, where it wins (dense.py)
-        rules = found
-    out = [r for r in (*rules, *extra) if quantize or not r.quantizes]
-    return sorted(out, key=lambda r: r.priority)  # stable: equal priorities keep their order
-
-
 def _find(rule: GraphRule, gm: fx.GraphModule, values: dict[str, Any], claimed: set[fx.Node],
           floors: Mapping[str, str] = {}) -> Iterable[GraphMatch | Kept]:
     """The rule's finds; each match's nodes join `claimed` as it comes, and a match overlapping an earlier one is

@@ -218,4 +218,4 @@ def find_int8(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[Gr
                   "converted once into one inference buffer"))
 
 
-RULES = (GraphRule(RULE_INT8, find_int8, priority=9, quantizes=True), GraphRule(RULE, find, priority=10))
+RULES = (GraphRule(RULE_INT8, find_int8, quantizes=True), GraphRule(RULE, find))

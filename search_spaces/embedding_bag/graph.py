@@ -210,4 +210,4 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
             what=f"embedding bag ({bag.rows} x {bag.dim}, {bag.mode}) -> embedding_bag{note}")
 
 
-RULES = (GraphRule("embedding_bag", find, priority=20),)
+RULES = (GraphRule("embedding_bag", find),)

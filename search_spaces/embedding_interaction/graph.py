@@ -5,10 +5,10 @@ embeddings are exactly a group of bags that batched_embedding_bag's rule would r
 interaction's order, each read by the interaction alone. The match claims both and is replaced by
 `torch.ops.autotune.embedding_interaction(x, tables, table_offsets, indices, offsets, self_interaction,
 include_last_offset)` over the tables copied once into one buffer (the model's Parameters become views of it,
-as batched_embedding_bag's rule does). It runs first (priority 5); tune_model keeps its replacement only where
+as batched_embedding_bag's rule does). It runs before the rules it fuses (autotune/torch/rules.py); tune_model keeps its replacement only where
 the whole model is faster with it than with the batched bags and the interaction kernel apart.
 
-Its quantizing twin (`embedding_interaction_int8`, priority 4, under tune_model(quantize=True)) does the same
+Its quantizing twin (`embedding_interaction_int8`, before it, under tune_model(quantize=True)) does the same
 over the tables converted once to FBGEMM's fused int8 rows, as batched_embedding_bag's int8 rule does: a
 quarter of the bytes per lookup and no pooled rows written. Each table is a `Reduced` layer of the accuracy
 contract. Where the contract moves a table up from int8, the 16-bit rung's twin (`embedding_interaction_fp16`,
@@ -184,7 +184,6 @@ def _finder(rule: str, dtype: str, precision: str, rows: str, layout: str = "") 
 find_int8 = _finder(RULE_INT8, "int8", "int8", "int8 rows", " (FBGEMM's fused row-wise layout)")
 find_fp16 = _finder(RULE_FP16, "float16", "bf16", "fp16 rows")
 
-RULES = (GraphRule(RULE_INT8, find_int8, priority=4, quantizes=True, fuses=(BAGS_INT8, INTERACTION)),
-         GraphRule(RULE_FP16, find_fp16, priority=4, quantizes=True, precision="bf16",
-                   fuses=(BAGS_INT8, INTERACTION)),
-         GraphRule(OP, find, priority=5, fuses=(BAGS, INTERACTION)))
+RULES = (GraphRule(RULE_INT8, find_int8, quantizes=True, fuses=(BAGS_INT8, INTERACTION)),
+         GraphRule(RULE_FP16, find_fp16, quantizes=True, precision="bf16", fuses=(BAGS_INT8, INTERACTION)),
+         GraphRule(OP, find, fuses=(BAGS, INTERACTION)))

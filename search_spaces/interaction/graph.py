@@ -382,4 +382,4 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
                   f"{', self-interaction' if site.self_interaction else ''}) -> interaction, {_COPIES[plan[0]]}"))
 
 
-RULES = (GraphRule(RULE, find, priority=30),)
+RULES = (GraphRule(RULE, find),)

@@ -379,4 +379,4 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
                  + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else ""))
 
 
-RULES = (GraphRule(RULE, find, priority=40, quantizes=True),)
+RULES = (GraphRule(RULE, find, quantizes=True),)

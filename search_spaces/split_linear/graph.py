@@ -70,4 +70,4 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
                  "pieces on AMX tiles)")
 
 
-RULES = (GraphRule(RULE, find, priority=58, fuses=("dense_linear",)),)
+RULES = (GraphRule(RULE, find, fuses=("dense_linear",)),)

@@ -15,7 +15,7 @@ from autotune.build import load_compiled
 from autotune.package import export
 from autotune.runtime import BoundKernel, expected, mismatch
 from autotune.task import make_task
-from autotune.torch.tune_model import _fusion_groups
+from autotune.torch.whole_model import fusion_groups
 from search_spaces import InvalidDtype, InvalidInput, WorkloadError
 from search_spaces import split_linear as sl
 from search_spaces.split_linear import cpu
@@ -154,7 +154,7 @@ def test_fusion_groups_keep_the_embedding_stages_rules_together_and_split_linear
              GraphRule("ei_fp16", find, fuses=("bags_fp16", "interaction")),
              GraphRule("ei", find, fuses=("bags", "interaction")), GraphRule("bags", find),
              GraphRule("split_linear", find, fuses=("dense_linear",)), GraphRule("dense_linear", find)]
-    assert [[r.name for r in g] for g in _fusion_groups(rules)] == [["ei_int8", "ei_fp16", "ei"], ["split_linear"]]
+    assert [[r.name for r in g] for g in fusion_groups(rules)] == [["ei_int8", "ei_fp16", "ei"], ["split_linear"]]
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the rule is offered on CPUs with AMX-BF16 only")

@@ -1,0 +1,271 @@
+"""The tuning side of one `tune_model` call: its tasks, their logs, one builder and one runner, and the package.
+
+A `TuningSession` is what `autotune tune` is for one task, for all of a model's tasks at once: it owns the tasks
+the graph rules asked for (`TaskReport`, keyed by `TaskKey`), the logs (`log_dir/<op>.jsonl`, appended to as it
+tunes, and the shipped ones), one build pool and one runner shared by every task and the export (each a process
+that imports TVM: started once, when first needed), and the package of the best kernels that the rewritten model
+runs on. The runner is any `autotune tune --runner` takes: `local`, `rpc://HOST:PORT/KEY` (TVM's tracker) or
+`offline:DIR`, or a `Runner` object.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import search_spaces
+from search_spaces.template import GraphMatch
+
+from .. import records
+from ..records import Record, TaskKey
+from ..tuning_log import TuningLog
+from .report import TaskReport, shape_text
+from .speed import ms
+
+__all__ = ["TuningSession", "task_key"]
+
+
+def task_key(op: str, fields: dict[str, Any], device: str) -> TaskKey:
+    """The TaskKey of a rule's task (an operator and its workload fields) on `device` (a device kind's name)."""
+    return TaskKey(op, search_spaces.get(op).Workload(**fields).key(), device)
+
+
+class _Logs:
+    """Each log the session asks about, read once: the tasks' own (`log_dir/<op>.jsonl`, which `tune` appends
+    to through the same object) and the shipped ones."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self._open: dict[Any, TuningLog] = {}
+
+    def own(self, op: str) -> TuningLog:
+        if op not in self._open:
+            self._open[op] = TuningLog(self.log_dir / f"{op}.jsonl")
+        return self._open[op]
+
+    def transfer(self, op: str, device: str) -> list[Path]:
+        """What tuning `op` learns from besides its own log: this call's other operators' logs (this machine,
+        measured minutes ago; qmatmul_requant shares qmatmul's knobs) first, then every shipped log of the
+        device kind (as `tune`'s default)."""
+        mine = [p for p in sorted(self.log_dir.glob("*.jsonl")) if p.name != f"{op}.jsonl"]
+        return mine + [p for o in search_spaces.names() for p in records.shipped_logs(o, device)]
+
+    def shipped(self, op: str, device: str) -> TuningLog:
+        if (op, device) not in self._open:
+            self._open[op, device] = TuningLog.shipped(op, device)
+        return self._open[op, device]
+
+
+class TuningSession:
+    """The tasks of one model, tuned into `log_dir` for `device` with `trials` configs each (resuming), their
+    best kernels exported to `log_dir/package` and loaded. `runner`: "local", "rpc://HOST:PORT/KEY",
+    "offline:DIR" or a Runner (closed by its owner, not here); `builder`: a Builder (likewise), else one pool."""
+
+    def __init__(self, device: str, log_dir: str | Path, trials: int, *, shipped: bool = True,
+                 progress: bool = True, runner: Any = "local", builder: Any = None):
+        from ..measure import runner_kind
+        from ..targets import resolve
+
+        self.local = runner_kind(runner) == "local" if isinstance(runner, str) else False  # checked before work
+        self.device = resolve(device)
+        self.log_dir = Path(log_dir)
+        self.trials, self.shipped, self.progress = trials, shipped, progress
+        self.tasks: list[TaskReport] = []
+        self.logs = _Logs(self.log_dir)
+        self.package: Path | None = None
+        self.exported = False  # whether any call of `tune` wrote the package (else it held these kernels)
+        self._runner_spec = runner
+        self._builder, self._runner = builder, None if isinstance(runner, str) else runner
+        self._own_builder, self._own_runner = builder is None, isinstance(runner, str)
+
+    # ---- workers ------------------------------------------------------------------------------------------
+    def builder(self) -> Any:
+        if self._builder is None:
+            from ..build import Builder
+
+            self._builder = Builder()
+        return self._builder
+
+    def runner(self) -> Any:
+        if self._runner is None:
+            from ..measure import LocalRunner, make_runner
+
+            self._runner = make_runner(self._runner_spec) or LocalRunner()
+        return self._runner
+
+    def close(self) -> None:
+        if self._own_runner and self._runner is not None:
+            self._runner.close()
+        if self._own_builder and self._builder is not None:
+            self._builder.close()
+        self._runner = None if self._own_runner else self._runner
+        self._builder = None if self._own_builder else self._builder
+
+    def __enter__(self) -> "TuningSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- tasks --------------------------------------------------------------------------------------------
+    def add(self, matches: Sequence[GraphMatch], times: dict[str, float]) -> list[TaskReport]:
+        """The matches' tasks this session has not seen yet, added (each with its share of the eager time:
+        `times`, node name -> seconds; a site's share is split among its distinct tasks)."""
+        total = sum(times.values()) or 1.0
+        have = {t.key for t in self.tasks}
+        found: dict[TaskKey, TaskReport] = {}
+        for m in matches:
+            distinct = {task_key(op, f, self.device.name): f for op, f in m.tasks}
+            share = sum(times.get(n.name, 0.0) for n in m.nodes) / total
+            for key, f in distinct.items():
+                t = found.setdefault(key, TaskReport(key=key, fields=dict(f)))
+                t.share += share / len(distinct)
+                t.sites += 1
+        new = sorted((t for k, t in found.items() if k not in have), key=lambda t: -t.share)
+        self.tasks += new
+        return new
+
+    def tune(self, new: Sequence[TaskReport]) -> None:
+        """Tune `new` (resuming from the logs), let every task try its siblings' best configs, and export the
+        best kernels to `log_dir/package` (loaded into this process)."""
+        if not new:
+            return
+        from tqdm import tqdm
+
+        if self.progress:
+            for t in new:
+                tqdm.write(f"tune_model task: {t.describe(tuned=False)}")
+        bar = tqdm(new, desc="tune_model", unit="task", disable=not self.progress, dynamic_ncols=True)
+        try:
+            for t in bar:
+                bar.set_postfix_str(t.op)
+                self._tune_task(t)
+        finally:
+            bar.close()
+        self._share_bests(new)
+        best = [t.record for t in self.tasks if t.record is not None]
+        if best:
+            self.package, exported = self._package(best, self.log_dir / "package")
+            self.exported |= exported
+
+    def ready(self) -> Callable[[GraphMatch], str | None]:
+        """`ready(match)` for the rewrite: why a match cannot run on tuned kernels, or None."""
+        by_key = {t.key: t for t in self.tasks}
+
+        def ready(match: GraphMatch) -> str | None:
+            for op, fields in match.tasks:
+                t = by_key.get(task_key(op, fields, self.device.name))
+                if t is None:
+                    return (f"missing kernel: {op} {fields} was not tuned (the site appeared only after an "
+                            "earlier rule's rewrite was refused)")
+                if t.record is None:
+                    return f"missing kernel: {op}: {t.why}"
+            return None
+
+        return ready
+
+    def _task(self, t: TaskReport) -> Any:
+        from ..task import make_task
+
+        return make_task(t.op, self.device, **t.fields)
+
+    def _tune_task(self, t: TaskReport) -> None:
+        """Tune one task up to `trials` configs in its log (resume), then pick its best record."""
+        from ..measure import require_local_device
+        from ..tuner import tune
+
+        task = self._task(t)
+        log = self.logs.own(t.op)
+        t.resumed = log.resumed(task)
+        if t.resumed < self.trials and t.resumed < len(task.space):
+            try:
+                if self.local:
+                    require_local_device(task)  # before anything is built
+                t.measured = tune(task, trials=self.trials - t.resumed, log=log, progress=self.progress,
+                                  builder=self.builder(), runner=self.runner(),
+                                  transfer=self.logs.transfer(t.op, task.device.name)).measured
+            except Exception as err:  # noqa: BLE001 -- one task's failure keeps its sites, not the whole model
+                warnings.warn(f"tune_model: tuning {t.op} {t.fields} failed: {type(err).__name__}: {err}",
+                              stacklevel=4)
+                t.why = f"tuning failed: {type(err).__name__}: {err}"
+                return
+        self._pick(t, task)
+
+    def _share_bests(self, new: Sequence[TaskReport]) -> None:
+        """Each task measures the best configs of this session's other tasks its space takes
+        (`tuner.taken_configs`: its operator's, or qmatmul's for qmatmul_requant) where one of the two was just
+        tuned (measured something in this round: resumed tasks have shared before), and takes the faster one.
+        Tasks are tuned as the rewrites need them, so one tuned early never saw what a sibling tuned later
+        found: with 8 trials, DLRM's fused kernel over int8 rows kept a SIMD config while the AMX config its
+        fp16-row sibling found later runs it faster (benchmarks/WHOLE_MODEL.md)."""
+        from tqdm import tqdm
+
+        from ..tuner import taken_configs, try_configs
+
+        fresh = {id(t) for t in new if t.measured}
+        if not fresh:  # a round that tuned nothing: every pair shared before
+            return
+        found = [(t, t.record) for t in self.tasks]  # what each had found before this round
+        for t in self.tasks:
+            if t.why.startswith("tuning failed"):
+                continue
+            given = [rec for s, rec in found if s is not t and rec is not None and (id(t) in fresh or id(s) in fresh)]
+            if not given:
+                continue
+            task = self._task(t)
+            try:
+                measured = try_configs(task, taken_configs(task, given), self.logs.own(t.op), self.builder(),
+                                       self.runner())
+            except Exception as err:  # noqa: BLE001 -- the task keeps the kernel it has
+                warnings.warn(f"tune_model: measuring other tasks' best configs on {t.op} {t.fields} failed: "
+                              f"{type(err).__name__}: {err}", stacklevel=4)
+                continue
+            if measured:
+                t.measured += len(measured)
+                before, had = t.best_s, t.record
+                self._pick(t, task)
+                if self.progress and t.record is not None and (had is None or t.record.config_key != had.config_key):
+                    tqdm.write(f"tune_model: {t.op} {shape_text(t.fields)}: another task's best config runs it in "
+                               f"{ms(t.best_s)}{f' ({ms(before)} before)' if before is not None else ''}")
+
+    def _pick(self, t: TaskReport, task: Any) -> None:
+        """The task's kernel: the best record of its log, or the shipped one where that is faster."""
+        log = self.logs.own(t.op)
+        rec = log.best(task)
+        t.source = "tuned"
+        if self.shipped:
+            pre = self.logs.shipped(t.op, task.device.name).best(task)
+            if pre is not None and (rec is None or pre.latency < rec.latency):
+                rec, t.source = pre, "shipped record"
+        if rec is None:
+            t.why = f"tuning found no correct kernel in {t.resumed + t.measured} trials (see {log.paths[0]})"
+            t.source = ""
+            return
+        t.record, t.best_s, t.why = rec, rec.latency, ""
+
+    # ---- package ------------------------------------------------------------------------------------------
+    def _package(self, best: list[Record], out: Path) -> tuple[Path, bool]:
+        """Export the records to `out` unless it already holds exactly their kernels; load it. (path, exported)
+        Exporting over a package this process loaded is safe: kernel files are named by what they hold
+        (`package.export`), so a library the dynamic loader hands back again under a name is that same
+        kernel."""
+        from ..package import export, read_manifest
+        from .registry import load
+
+        def entry(op: str, workload_key: str, device: str, config: Any, version: str) -> tuple[str, ...]:
+            return op, workload_key, device, json.dumps(config, sort_keys=True), version
+
+        want = sorted(entry(r.op, r.workload_key, r.device, r.config, r.template_version) for r in best)
+        try:
+            entries = read_manifest(out).get("kernels", [])
+            have = sorted(entry(e["op"], e["workload_key"], e["device"], e["config"], e.get("template_version", ""))
+                          for e in entries)
+            same = have == want and all((out / e["file"]).exists() for e in entries)
+        except (FileNotFoundError, ValueError, KeyError):
+            same = False
+        if not same:
+            export(best, out, builder=self.builder())
+        load(out)
+        return out, not same
