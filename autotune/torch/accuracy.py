@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 from search_spaces.template import PRECISIONS, Reduced
 
 from .capture import as_args, flat_inputs
+from .draw import draw_like
 
 __all__ = ["Batch", "BatchError", "FP32_EXACT", "INT8", "LayerPrecision", "Tolerance", "AccuracyReport",
            "check", "check_batches", "default_tolerance", "draw_like", "layer_costs", "layer_shares",
@@ -150,40 +151,6 @@ def _drawn(model: torch.nn.Module, args: tuple[Any, ...], seed: int) -> tuple[tu
         except Exception:  # noqa: BLE001 -- the model's inputs have constraints a draw cannot know
             continue
     return None
-
-
-def draw_like(args: Any, seed: int, fresh: bool = True) -> Any:
-    """A batch of the same structure, shapes and dtypes as `args`, drawn like it. Float tensors: each feature
-    (column) resampled from its own values in the batch, so samples mix features they never had together.
-    Integer tensors sorted along dim 0 (offsets) stay as they are; other integer tensors (indices): with
-    `fresh`, each value drawn from the batch's values at their frequencies, except a share that new values
-    take, uniform over the batch's range: the share of values seen once (Good-Turing's estimate of the chance
-    that the next value was never seen), so a Zipf stream keeps its hot rows and gathers fresh cold ones, as a
-    model's next batch does. Without `fresh`, permuted along dim 0 (every value kept: lengths keep their sum).
-    Other values (bool tensors, scalars, non-tensors) are kept."""
-    gen = torch.Generator().manual_seed(seed)
-    return pytree.tree_map(lambda v: _redrawn(v, gen, fresh) if isinstance(v, torch.Tensor) else v, args)
-
-
-def _redrawn(x: torch.Tensor, gen: torch.Generator, fresh: bool) -> torch.Tensor:
-    if x.dim() == 0 or x.numel() == 0 or x.dtype == torch.bool or x.is_complex():
-        return x
-    if x.is_floating_point():
-        rows = x.reshape(x.shape[0], -1)
-        pick = torch.randint(0, x.shape[0], rows.shape, generator=gen).to(x.device)
-        return rows.gather(0, pick).reshape(x.shape)
-    if x.dim() == 1 and bool((x[1:] >= x[:-1]).all()):
-        return x  # offsets (or any sorted integers): their order is their meaning
-    if not fresh:
-        return x[torch.randperm(x.shape[0], generator=gen).to(x.device)]
-    flat = x.reshape(-1)
-    n = flat.numel()
-    out = flat[torch.randint(0, n, (n,), generator=gen).to(x.device)]
-    _, counts = flat.unique(return_counts=True)
-    new = (torch.rand(n, generator=gen) < float((counts == 1).sum()) / n).to(x.device)
-    lo, hi = int(flat.min()), int(flat.max())
-    out[new] = torch.randint(lo, hi + 1, (int(new.sum()),), generator=gen, dtype=x.dtype).to(x.device)
-    return out.reshape(x.shape)
 
 
 # ---- errors -------------------------------------------------------------------------------------------------

@@ -26,10 +26,24 @@ def as_args(example_inputs: Any) -> tuple[Any, ...]:
 
 def _dynamic(args: tuple[Any, ...]) -> Any:
     """Dim 0 of every tensor dynamic (batch, number of indices, offsets): the other dims are the model's sizes
-    (a feature width, a table's dim), which the graph may bake in."""
+    (a feature width, a table's dim), which the graph may bake in. Built-in containers keep their structure; a
+    class registered with pytree (TorchRec's KeyedJaggedTensor, KeyedTensor, JaggedTensor) is given as the list
+    of its flattened children, as torch.export matches it (a KJT's values, lengths and offsets each dynamic)."""
     from torch.export import Dim
 
-    return pytree.tree_map(lambda v: {0: Dim.AUTO} if isinstance(v, torch.Tensor) and v.dim() else None, args)
+    def spec(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return {0: Dim.AUTO} if v.dim() else None
+        node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(v))
+        if node is None:
+            return None
+        children, context = node.flatten_fn(v)
+        inner = [spec(c) for c in children]
+        if pytree._get_node_type(v) in pytree.BUILTIN_TYPES:
+            return node.unflatten_fn(inner, context)
+        return inner
+
+    return tuple(spec(a) for a in args)
 
 
 def capture(model: torch.nn.Module, example_inputs: Any) -> fx.GraphModule:
