@@ -2,18 +2,21 @@
 
 Parameters become get_attr nodes sharing the model's tensors, and dim 0 of every input is dynamic (the batch, the
 number of indices), so the rewritten GraphModule runs at any batch size, under torch.compile(fullgraph=True)
-and inference_mode.
+and inference_mode. Inputs may be pytrees of TorchRec's (a KeyedJaggedTensor): the rewritten model takes them as
+the model does. What exporters emit around the operators and computes nothing is taken out (`simplify`), so
+the rules see a TorchRec model's bags, interaction and Linears as they see a plain PyTorch model's.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-__all__ = ["CaptureError", "as_args", "capture", "flat_inputs", "module_path"]
+__all__ = ["CaptureError", "as_args", "capture", "flat_inputs", "module_path", "simplify"]
 
 
 class CaptureError(RuntimeError):
@@ -57,7 +60,80 @@ def capture(model: torch.nn.Module, example_inputs: Any) -> fx.GraphModule:
     except Exception as err:  # noqa: BLE001 -- any export failure: say so, keep the cause
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: "
                            f"{str(err).splitlines()[0] if str(err) else ''}") from err
-    return ep.module()  # type: ignore[return-value]
+    gm = ep.module()
+    simplify(gm)
+    return gm  # type: ignore[return-value]
+
+
+def simplify(gm: fx.GraphModule) -> None:
+    """Take out, in place, what computes nothing: metadata asserts (`aten._assert_tensor_metadata`), casts to
+    the dtype and device a tensor already has (`aten.to`, which then returns its input), and a split of a cat
+    along the same dim at the cat's own sizes (TorchRec's KeyedTensor: the pooled embeddings cat'ed, then split
+    again by key); the values are the model's, bit for bit."""
+    graph = gm.graph
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is torch.ops.aten._assert_tensor_metadata.default:
+            graph.erase_node(n)
+        elif _same_tensor_cast(n):
+            n.replace_all_uses_with(n.args[0])
+        else:
+            parts = _split_of_cat(n)
+            if parts is not None:
+                for user in list(n.users):
+                    user.replace_all_uses_with(parts[user.args[1]])
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.op == "call_module" or n.is_impure())
+    gm.recompile()
+
+
+_CASTS = ("to.dtype", "to.dtype_layout", "to.device")
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _same_tensor_cast(n: fx.Node) -> bool:
+    """`aten.to` whose output has its input's dtype, device and shape (no copy asked): the input itself."""
+    name = getattr(n.target, "_overloadpacket", None)
+    if name is not torch.ops.aten.to or f"to.{n.target._overloadname}" not in _CASTS or n.kwargs.get("copy"):
+        return False
+    if any(a is True for a in n.args[2:]):  # a positional non_blocking/copy
+        return False
+    src, out = _val(n.args[0]), _val(n)
+    return (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype == out.dtype
+            and src.device == out.device and n.kwargs.get("memory_format") in (None, torch.preserve_format))
+
+
+def _split_of_cat(n: fx.Node) -> list[Any] | None:
+    """The cat's inputs where `n` splits a cat along its dim into exactly those pieces, every user a getitem."""
+    aten = torch.ops.aten
+    if n.target not in (aten.split_with_sizes.default, aten.split.Tensor):
+        return None
+    src = n.args[0]
+    if not isinstance(src, fx.Node) or src.target is not aten.cat.default:
+        return None
+    pieces, val = list(src.args[0]), _val(src)
+    if not isinstance(val, torch.Tensor) or not all(isinstance(_val(p), torch.Tensor) for p in pieces):
+        return None
+    ndim = val.dim()
+    cat_dim = (src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", 0)) % ndim
+    split_dim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % ndim
+    sizes = [p.meta["val"].shape[cat_dim] for p in pieces]
+    if cat_dim != split_dim or not all(isinstance(s, int) for s in sizes):
+        return None
+    asked = n.args[1]
+    if n.target is aten.split.Tensor:
+        if not isinstance(asked, int) or asked <= 0:
+            return None
+        total = sum(sizes)
+        asked = [min(asked, total - i) for i in range(0, total, asked)]
+    if list(asked) != sizes:
+        return None
+    if not all(u.target is operator.getitem and isinstance(u.args[1], int) for u in n.users):
+        return None
+    return pieces
 
 
 def flat_inputs(gm: fx.GraphModule, example_inputs: Any) -> list[Any]:

@@ -29,7 +29,7 @@ from .._graph import attr, has_op, insertion_point, is_call, tensor_value, where
 from ..batched_embedding_bag.graph import RULE as BAGS, RULE_INT8 as BAGS_INT8, groups, simulated_bag, table_nodes
 from ..embedding_bag.graph import Bag, traffic
 from ..embedding_bag.rows import dequantize, quantize
-from ..interaction.graph import RULE as INTERACTION, features_of, find as interactions
+from ..interaction.graph import RULE as INTERACTION, features_of, find as interactions, in_model_order, site_of
 from ..interaction.workload import dot_interaction
 from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .workload import OP, Workload, tolerance
@@ -62,7 +62,7 @@ def _why_not(gm: Any, values: dict[str, Any], group: list[Bag], x: Any) -> str:
     return ""
 
 
-def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interaction: bool,
+def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interaction: bool, order: list[int] | None,
              dtype: str = "float32", dot_dtype: str = "float32") -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
         indices, offsets = [b.indices for b in group], [b.offsets for b in group]
@@ -70,6 +70,7 @@ def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interactio
             weight, starts = table_nodes(gm, group, dtype)
             new = gm.graph.call_function(torch.ops.autotune.embedding_interaction.default, (
                 x, weight, starts, indices, offsets, self_interaction, group[0].include_last_offset, dot_dtype))
+            new = in_model_order(gm, new, order, x)
         for node in (weight, starts, new):
             node.meta["nn_module_stack"] = outputs[0].meta.get("nn_module_stack", {})
         return (new,)
@@ -78,10 +79,10 @@ def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interactio
 
 
 def _sites(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str, dtype: str, dot_dtype: str = "float32"
-           ) -> Iterator[Kept | tuple[list[Bag], Any, Any, dict[str, Any], list[Any]]]:
-    """(group, interaction site, dense-features node, task fields, nodes) of each dot interaction whose
-    embeddings are one group of batchable bags the `dtype` kernels (with `dot_dtype` products) can serve, or
-    Kept saying why not."""
+           ) -> Iterator[Kept | tuple[list[Bag], Any, Any, dict[str, Any], list[Any], list[int] | None]]:
+    """(group, interaction site, dense-features node, task fields, nodes, the model's pair order: `Site.order`)
+    of each dot interaction whose embeddings are one group of batchable bags the `dtype` kernels (with
+    `dot_dtype` products) can serve, or Kept saying why not."""
     by_outputs = {tuple(b.out for b in group): group for group in groups(gm, values, claimed)}
     if not by_outputs:
         return
@@ -103,17 +104,17 @@ def _sites(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str, dtype:
         if why:
             yield Kept(rule, where(nodes), why)
             continue
-        yield group, site, feats.x, fields, nodes
+        yield group, site, feats.x, fields, nodes, site_of(gm, values, bmm).order
 
 
 def _match(rule: str, group: list[Bag], site: GraphMatch, x: Any, fields: dict[str, Any], nodes: list[Any],
-           tol: tuple[float, float], what: str, dtype: str = "float32", reduced: tuple[Reduced, ...] = ()
-           ) -> GraphMatch:
+           order: list[int] | None, tol: tuple[float, float], what: str, dtype: str = "float32",
+           reduced: tuple[Reduced, ...] = ()) -> GraphMatch:
     self_interaction = fields["self_interaction"]
     return GraphMatch(
         rule=rule, nodes=tuple(dict.fromkeys([*(n for b in group for n in b.covered), *site.nodes])),
         outputs=site.outputs, tasks=((OP, fields),),
-        replace=_replace(group, x, site.outputs, self_interaction, dtype, fields.get("dot_dtype", "float32")),
+        replace=_replace(group, x, site.outputs, self_interaction, order, dtype, fields.get("dot_dtype", "float32")),
         tolerance=tol, where=where(nodes),
         reduced=reduced,
         what=(f"{len(group)} embedding bags + dot interaction -> one embedding_interaction ({len(group)} tables, "
@@ -127,8 +128,8 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if isinstance(found, Kept):
             yield found
             continue
-        group, site, x, fields, nodes = found
-        yield _match(OP, group, site, x, fields, nodes, tolerance(Workload(**fields)),
+        group, site, x, fields, nodes, order = found
+        yield _match(OP, group, site, x, fields, nodes, order, tolerance(Workload(**fields)),
                      ", the modules' weights are views of it")
 
 
@@ -169,12 +170,12 @@ def _finder(rule: str, dtype: str, precision: str, rows: str, layout: str = "") 
             if isinstance(found, Kept):
                 yield found
                 continue
-            group, site, x, fields, nodes = found
+            group, site, x, fields, nodes, order = found
             reduced = tuple(Reduced(node=b.node.name, where=where([b.node]), simulate=simulate,
                                     what=f"EmbeddingBag({b.rows}, {b.dim}) table, {rows}", precision=precision)
                             for b in group)
             tol = _reduced_tolerance(gm, values, group, x, fields, dtype)
-            yield _match(rule, group, site, x, fields, nodes, tol, f" of {rows}{layout}, converted once; the dot "
+            yield _match(rule, group, site, x, fields, nodes, order, tol, f" of {rows}{layout}, converted once; the dot "
                          "products may multiply bf16 roundings of the features (AMX tiles, where the CPU has them)",
                          dtype, reduced)
 

@@ -5,13 +5,16 @@ The usual ways of writing it (facebookresearch/dlrm's, this repository's example
     t = features of x and the T embeddings, (B, F, D):   view(cat([x, e0, ...], 1), [B, -1, D])
                                                          | stack([x, e0, ...], 1)
                                                          | cat([x.unsqueeze(1) or x.view(B, 1, D), ly], 1)
+                                                           (ly: stack(embs, 1) or view(cat(embs, 1), [B, T, D]))
     z = bmm(t, transpose(t, 1, 2) or permute(t, [0, 2, 1]))                                   (B, F, F)
-    the lower triangle of z (offset -1; offset 0 with self-interaction), row-major:
+    the lower triangle of z (offset -1; offset 0 with self-interaction), row-major or in any order:
         index(z or slice(z), [None, li, lj])              li, lj: tril_indices (+ unbind) or constant tensors
       | index_select(flatten(z), 1, li * F + lj)  or  index(flatten(z), [None, li * F + lj])
     out = cat([x, pairs], 1)
-Pair indices are compared by value (`values`) with `tril_indices(F, F, offset)`; a look-alike (upper triangle,
-another order, bmm without the transpose, scaling in between) is kept, and says why. When the T embeddings are
+Pair indices are compared by value (`values`) with `tril_indices(F, F, offset)`: the pairs of the lower (or the
+upper) triangle in another order (TorchRec's `triu_indices(offset=1)`) are served with the kernel's output
+columns put in the model's order; a look-alike (pairs missing or repeated, bmm without the transpose, scaling
+in between) is kept, and says why. When the T embeddings are
 `select(v, 1, k)` of one (B, T, D) tensor (the batched embedding bag's output), `v` is passed as it is.
 """
 
@@ -22,11 +25,12 @@ from typing import Any, Iterator
 
 import torch
 
-from .._graph import ancestors_include, insertion_point, is_call, scalar_arg, tensor_value, where, workload_error
+from .._graph import (ancestors_include, insertion_point, is_call, register, scalar_arg, tensor_value, where,
+                      workload_error)
 from ..template import GraphMatch, GraphRule, Kept
 from .workload import Workload, tolerance
 
-__all__ = ["RULES", "features_of", "pairs_of"]
+__all__ = ["RULES", "features_of", "in_model_order", "pairs_of", "site_of"]
 
 aten = torch.ops.aten
 RULE = "interaction"
@@ -121,9 +125,22 @@ def _cat_3d(gm: Any, values: dict[str, Any], t: Any, shape: tuple[int, ...]) -> 
         elif is_call(n, aten.stack.default) and len(n.users) == 1 and _stacked_rows(gm, values, n, batch, dim):
             chunks += [("emb", e, 1) for e in n.args[0]]
             covered.append(n)
+        elif (rows := _viewed_rows(gm, values, n, batch, dim, s[1])) is not None:
+            chunks += [("emb", e, 1) for e in rows]
+            covered += [n, n.args[0]]
         else:
             chunks.append(("block", n, s[1]))
     return Features(t, x, chunks, covered, batch, dim)
+
+
+def _viewed_rows(gm: Any, values: dict[str, Any], n: Any, batch: int, dim: int, k: int) -> list[Any] | None:
+    """The k (B, D) rows that `n`, a (B, k, D) view of cat(rows, 1) used by `n` alone, is made of (TorchRec's
+    SparseArch: its pooled embeddings cat'ed, then reshaped to (B, F, D)), or None."""
+    c = n.args[0] if is_call(n, *VIEWS) else None
+    if not is_call(c, aten.cat.default) or len(c.users) != 1 or _dim_arg(c, 1, 2) != 1 or len(c.args[0]) != k:
+        return None
+    rows = list(c.args[0])
+    return rows if all(_shape(gm, values, e) == (batch, dim) for e in rows) else None
 
 
 def _stacked_rows(gm: Any, values: dict[str, Any], n: Any, batch: int, dim: int) -> bool:
@@ -218,22 +235,21 @@ def pairs_of(gm: Any, values: dict[str, Any], gather: Gather, f: int) -> tuple[l
     return list(zip(li.tolist(), lj.tolist())), ""
 
 
-def self_interaction_of(pairs: list[tuple[int, int]], f: int) -> bool | str:
-    """True/False when `pairs` is DLRM's lower triangle with/without the diagonal (Z is symmetric, so (j, i)
-    for (i, j) is the same number), else why not."""
+def self_interaction_of(pairs: list[tuple[int, int]], f: int) -> tuple[bool, list[int] | None] | str:
+    """(self-interaction, order) where `pairs` are the lower triangle of Z without (False) or with (True) its
+    diagonal, in any order and either orientation (Z is symmetric: (j, i) is the number (i, j) is): `order`
+    None for DLRM's (tril_indices, row-major), else the position in that order of each pair the model gathers
+    (TorchRec's triu_indices(offset=1) row by row, say), which the kernel's output is permuted by. Else why not."""
     for diagonal in (False, True):
         li, lj = torch.tril_indices(f, f, offset=0 if diagonal else -1).tolist()
         tril = list(zip(li, lj))
         if pairs == tril or pairs == [(j, i) for i, j in tril]:
-            return diagonal
-    for diagonal in (False, True):
-        tril = sorted(zip(*torch.tril_indices(f, f, offset=0 if diagonal else -1).tolist()))
-        upper = list(zip(*torch.triu_indices(f, f, offset=0 if diagonal else 1).tolist()))
-        if pairs == upper:
-            return "it gathers the upper triangle row by row: the pairs come out in another order than DLRM's"
-        if len(pairs) == len(tril) and sorted((max(p), min(p)) for p in pairs) == tril:
-            return "it gathers the lower triangle's pairs in another order than tril_indices"
-    return "the gathered pairs are not the lower triangle of Z"
+            return diagonal, None
+        where_in = {p: k for k, p in enumerate(tril)}
+        order = [where_in.get((max(p), min(p)), -1) for p in pairs]
+        if len(order) == len(tril) and sorted(order) == list(range(len(tril))):
+            return diagonal, order
+    return "the gathered pairs are not the lower triangle of Z (each pair once, in any order)"
 
 
 @dataclass
@@ -244,6 +260,7 @@ class Site:
     out: Any
     self_interaction: bool
     index_nodes: list[Any]
+    order: list[int] | None = None  # the model's pairs' positions in DLRM's order (None: that order)
 
 
 def _index_nodes(gather: Gather) -> list[Any]:
@@ -283,9 +300,10 @@ def _site(gm: Any, values: dict[str, Any], bmm: Any) -> Site | str | None:
     pairs, why = pairs_of(gm, values, gather, f)
     if why:
         return why
-    diagonal = self_interaction_of(pairs, f)
-    if isinstance(diagonal, str):
-        return diagonal
+    found = self_interaction_of(pairs, f)
+    if isinstance(found, str):
+        return found
+    diagonal, order = found
     out = next((u for u in gather.node.users if is_call(u, aten.cat.default) and _dim_arg(u, 1, 2) == 1
                 and list(u.args[0]) == [feats.x, gather.node]), None)
     if out is None:
@@ -293,7 +311,7 @@ def _site(gm: Any, values: dict[str, Any], bmm: Any) -> Site | str | None:
     x = tensor_value(gm, values, feats.x)
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
         return f"the features are {getattr(x, 'dtype', 'unknown')}: kernels take float32"
-    return Site(feats, bmm, gather, out, diagonal, _index_nodes(gather))
+    return Site(feats, bmm, gather, out, diagonal, _index_nodes(gather), order)
 
 
 def _select_source(gm: Any, values: dict[str, Any], embs: list[Any], feats: Features) -> Any:
@@ -339,9 +357,22 @@ def _build_ly(gm: Any, plan: tuple[str, Any], dim: int) -> Any:
     return g.call_function(aten.cat.default, (pieces, 1))
 
 
+_ORDERED = "; its pairs put in the model's order (one column gather)"
 _COPIES = {"in place": "reading the embeddings in place (no copy)", "stack": "one stack copy of the embeddings",
            "view": "reading the embeddings in place (a view, no copy)",
            "block": "reading the embeddings in place (no copy)", "cat": "one cat copy of the embeddings"}
+
+
+def in_model_order(gm: Any, out: Any, order: list[int] | None, x: Any) -> Any:
+    """`out`, the kernel's [x, pairs in DLRM's order] (inserted at the graph's insertion point), with its pair
+    columns put in the model's `order` (one index_select over constant columns on x's device), or `out` itself
+    for None."""
+    if order is None:
+        return out
+    val = x.meta.get("val")
+    dim = int(val.shape[1])
+    cols = torch.tensor([*range(dim), *(dim + k for k in order)], dtype=torch.int64, device=val.device)
+    return gm.graph.call_function(aten.index_select.default, (out, 1, register(gm, "autotune_pair_order", cols)))
 
 
 def _replace(site: Site, plan: tuple[str, Any]) -> Any:
@@ -351,10 +382,17 @@ def _replace(site: Site, plan: tuple[str, Any]) -> Any:
             ly = _build_ly(gm, plan, site.feats.dim)
             new = gm.graph.call_function(torch.ops.autotune.interaction.default,
                                          (site.feats.x, ly, site.self_interaction))
+            new = in_model_order(gm, new, site.order, site.feats.x)
         new.meta["nn_module_stack"] = site.bmm.meta.get("nn_module_stack", {})
         return (new,)
 
     return replace
+
+
+def site_of(gm: Any, values: dict[str, Any], bmm: Any) -> Site | str | None:
+    """The interaction rooted at this bmm (its features, gather, output and pair order), why its look-alike is
+    refused, or None: for the rules that fuse this one."""
+    return _site(gm, values, bmm)
 
 
 def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
@@ -379,7 +417,8 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
             rule=RULE, nodes=tuple(dict.fromkeys(nodes)), outputs=(site.out,), tasks=((RULE, fields),),
             replace=_replace(site, plan), tolerance=tolerance(Workload(**fields)), where=where([bmm]),
             what=(f"dot interaction ({feats.tables} tables, dim {feats.dim}"
-                  f"{', self-interaction' if site.self_interaction else ''}) -> interaction, {_COPIES[plan[0]]}"))
+                  f"{', self-interaction' if site.self_interaction else ''}) -> interaction, {_COPIES[plan[0]]}"
+                  f"{_ORDERED if site.order is not None else ''}"))
 
 
 RULES = (GraphRule(RULE, find),)
