@@ -36,7 +36,16 @@ $(PEERS): $(STAMP)
 	$(BIN)/pip install -q --no-deps 'fbgemm-gpu-cpu==1.8.0' || echo "fbgemm-gpu-cpu not installed: no FBGEMM peer"
 	touch $(PEERS)
 
-tune: $(STAMP) $(PEERS)
+# TorchRec (pyproject's `torchrec` extra, --no-deps as the peers): the TorchRec models' tests need it, so `make
+# test` installs it too.
+TORCHREC := $(VENV)/.torchrec
+TORCHREC_PINS := torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3 pyvers==0.2.3 pyre-extensions==0.0.32 \
+                 typing_inspect==0.9.0 mypy_extensions==1.2.0
+$(TORCHREC): $(STAMP)
+	$(BIN)/pip install -q --no-deps $(TORCHREC_PINS)
+	touch $(TORCHREC)
+
+tune: $(STAMP) $(PEERS) $(TORCHREC)
 	$(BIN)/python examples/dlrm.py --trials $(TRIALS) --pooling $(POOLING) --log-dir $(MODEL_LOG)
 
 tune-op: $(STAMP) $(PEERS)
@@ -45,7 +54,7 @@ tune-op: $(STAMP) $(PEERS)
 
 # One pytest worker per core (pytest-xdist): the suite is mostly compiling, 17 minutes serially on 2 cores,
 # 12 with two workers.
-test: $(STAMP)
+test: $(STAMP) $(TORCHREC)
 	$(BIN)/python -m pytest -q -n auto
 
 clean:

@@ -130,3 +130,17 @@ def test_the_wheel_installed_in_a_fresh_venv_serves_a_torch_op(wheel, tmp_path):
     import autotune.torch as at
 
     assert result["callpath"] == (at.callpath.load() is not None)  # the shipped callpath.cpp builds as the source's
+
+
+def test_the_makefile_installs_the_extras_pyproject_pins():
+    """The optional extras are installed with --no-deps by the Makefile (their own releases pin another torch):
+    its lists and pyproject's must name the same packages at the same versions."""
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    pins = re.search(r"^TORCHREC_PINS\s*:=\s*(.+)$", make, re.M).group(1).split()
+    assert sorted(pins) == sorted(extras["torchrec"])
+    peers = re.findall(r"--no-deps '([^']+)'", make)
+    assert sorted(peers) == sorted(extras["peers"])

@@ -1,0 +1,174 @@
+"""TorchRec models as TorchRec builds them (an EmbeddingBagCollection fed a KeyedJaggedTensor): captured with
+their KJT input, drawn per feature, seen through what the exporter emits, and tuned end to end (`slow`: 1-2
+trials per task) as DLRM and DLRM_DCN, the rewritten model taking KJTs of other batch sizes and bag lengths.
+
+torchrec is the project's `torchrec` extra (`make install` installs it with --no-deps); a missing torchrec
+fails these tests, as a missing build does (tests/conftest.py: requires_build)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import requires_build
+
+pytestmark = requires_build("torchrec", lambda: importlib.util.find_spec("torchrec") is not None,
+                            "make install installs the torchrec extra (pip install --no-deps torchrec==1.8.0 and "
+                            "its pins, pyproject.toml)")
+
+ROWS = (50, 30, 20, 40)
+DIM = 16
+aten = torch.ops.aten
+
+
+def ebc(rows: tuple[int, ...] = ROWS, dim: int = DIM) -> Any:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=r,
+                                                             feature_names=[f"f{i}"]) for i, r in enumerate(rows)],
+                                  device=torch.device("cpu"))
+
+
+def dlrm(kind: str = "dlrm") -> torch.nn.Module:
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
+
+    torch.manual_seed(0)
+    kw = dict(embedding_bag_collection=ebc(), dense_in_features=5, dense_arch_layer_sizes=[32, DIM],
+              over_arch_layer_sizes=[32, 1])
+    if kind == "dcn":
+        return DLRM_DCN(**kw, dcn_num_layers=2, dcn_low_rank_dim=8).eval()
+    return DLRM(**kw).eval()
+
+
+def batch(size: int, seed: int = 0, most: int = 3, rows: tuple[int, ...] = ROWS) -> tuple[torch.Tensor, Any]:
+    """Dense features and a KJT of bags of 1..`most` ids per sample and feature, each within its table."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, most + 1, (len(rows) * size,), generator=g)
+    values = [torch.randint(0, r, (int(lengths[f * size:(f + 1) * size].sum()),), generator=g)
+              for f, r in enumerate(rows)]
+    return torch.randn(size, 5, generator=g), KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(rows))],
+                                                                values=torch.cat(values), lengths=lengths)
+
+
+# ---- capture and draws (no tuning) ------------------------------------------------------------------------------
+def test_a_kjt_input_is_captured_with_its_batch_dynamic_and_the_exporters_no_ops_taken_out():
+    from autotune.torch.capture import capture
+
+    model = dlrm()
+    gm = capture(model, batch(8))
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten._assert_tensor_metadata.default not in targets
+    assert not any(n.target is aten.to.dtype and n.args[1] == torch.float32 for n in gm.graph.nodes
+                   if n.op == "call_function")  # the bags' .float() on float32
+    # the pooled embeddings' cat -> split by key -> cat is one cat of the bags
+    bags = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.embedding_bag.padding_idx]
+    cats = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.cat.default
+            and any(getattr(a, "args", (None,))[0] in bags for a in n.args[0])]
+    assert len(bags) == len(ROWS) and len(cats) == 1
+    for size, seed in ((3, 1), (21, 2)):  # another batch, other bag lengths: the graph takes the KJT as it is
+        args = batch(size, seed, most=5)
+        with torch.no_grad():
+            torch.testing.assert_close(gm(*args), model(*args), rtol=0, atol=0)
+
+
+def test_simplify_leaves_what_computes_something():
+    from autotune.torch.capture import capture
+
+    class Casts(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> Any:
+            same = torch.split(torch.cat([a, b], 1), [3, 4], 1)  # back to a and b: taken out
+            other = torch.split(torch.cat([a, b], 1), [4, 3], 1)  # other sizes: kept
+            return same[0].float() * 2, same[1], other[0].double(), other[1]
+
+    args = (torch.randn(6, 3), torch.randn(6, 4))
+    gm = capture(Casts(), args)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(aten.split_with_sizes.default) == 1 and targets.count(aten.cat.default) == 1
+    assert any(n.target is aten.to.dtype and n.args[1] == torch.float64 for n in gm.graph.nodes)
+    for got, want in zip(gm(*args), Casts()(*args)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_kjt_is_drawn_feature_by_feature_within_each_features_ids():
+    from autotune.torch.draw import draw_like
+
+    dense, kjt = batch(64, most=4, rows=(1000, 3, 50, 7))
+    got_dense, got = draw_like((dense, kjt), seed=3)
+    assert type(got) is type(kjt) and got.keys() == kjt.keys() and got_dense.shape == dense.shape
+    assert got.stride() == kjt.stride() and got.values().numel() == kjt.values().numel()
+    changed = False
+    for key in kjt.keys():
+        old, new = kjt[key], got[key]
+        assert sorted(new.lengths().tolist()) == sorted(old.lengths().tolist())  # bag sizes as the example's
+        assert int(new.values().min()) >= int(old.values().min()) and int(new.values().max()) <= int(old.values().max())
+        changed |= not torch.equal(new.values(), old.values())
+    assert changed
+    assert (got._lengths is None) == (kjt._lengths is None) and (got._offsets is None) == (kjt._offsets is None)
+    again = draw_like((dense, kjt), seed=3, fresh=False)[1]  # permuted within each feature, lengths kept
+    for key in kjt.keys():
+        assert torch.equal(again[key].lengths(), kjt[key].lengths())
+        assert sorted(again[key].values().tolist()) == sorted(kjt[key].values().tolist())
+
+
+def test_torchrec_rules_find_the_fused_stage_and_the_interaction_in_triu_order():
+    from autotune.torch.capture import capture
+    from autotune.torch.graph import discover
+    from autotune.torch.rules import collect_rules
+
+    model, args = dlrm(), batch(8)
+    found = discover(capture(model, args), args, collect_rules(False))
+    assert "embedding_interaction" in {m.rule for m in found.matches}
+    assert {"batched_embedding_bag", "interaction"} <= {m.rule for m in found.alternatives}
+    inter = next(m for m in found.alternatives if m.rule == "interaction")
+    assert "in the model's order" in inter.what
+    assert not [k for k in found.kept if k.rule in ("interaction", "embedding_interaction")], found.kept
+
+
+def test_pairs_in_any_order_are_served_with_their_order_and_others_refused():
+    from search_spaces.interaction.graph import self_interaction_of
+
+    f = 4
+    tril = list(zip(*torch.tril_indices(f, f, offset=-1).tolist()))
+    triu = list(zip(*torch.triu_indices(f, f, offset=1).tolist()))
+    assert self_interaction_of(tril, f) == (False, None)
+    diagonal, order = self_interaction_of(triu, f)
+    assert diagonal is False and [tril[k] for k in order] == [(j, i) for i, j in triu]
+    assert isinstance(self_interaction_of(triu[:-1] + triu[:1], f), str)  # a pair twice, one missing
+    with_diagonal = list(zip(*torch.triu_indices(f, f, offset=0).tolist()))
+    assert self_interaction_of(with_diagonal, f)[0] is True
+
+
+# ---- end to end ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shared_workers(cpu_builder, local_runner):
+    from conftest import default_pools
+
+    with default_pools(cpu_builder, local_runner) as asked:
+        yield asked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dlrm", "dcn"])
+def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, tmp_path, shared_workers):
+    import autotune.torch as at
+
+    model, args = dlrm(kind), batch(8)
+    opt, report = at.tune_model(model, args, log_dir=tmp_path / "logs", trials=1, quantize=False, progress=False,
+                                bench_rounds=0, require_speedup=False)
+    rules = {r.rule for r in report.replaced}
+    want = "embedding_interaction" if kind == "dlrm" else "batched_embedding_bag"
+    assert want in rules, str(report)
+    assert report.accuracy is not None and report.accuracy.holds and len(report.accuracy.errors) == 2, str(report)
+    ops = {n.target for n in opt.graph.nodes if n.op == "call_function"}
+    assert getattr(torch.ops.autotune, want).default in ops
+    assert aten.embedding_bag.padding_idx not in ops
+    for size, seed in ((13, 5), (2, 6)):
+        other = batch(size, seed, most=6)
+        with torch.inference_mode():
+            torch.testing.assert_close(opt(*other), model(*other), rtol=1e-4, atol=1e-4)
