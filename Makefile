@@ -45,8 +45,16 @@ $(TORCHREC): $(STAMP)
 	$(BIN)/pip install -q --no-deps $(TORCHREC_PINS)
 	touch $(TORCHREC)
 
+# `make tune EXAMPLE=torchrec`: TorchRec's own DLRM and DLRM_DCN (MLPerf's DLRMv2) instead
+# (examples/torchrec_dlrm.py; TORCHREC_MODELS picks them).
+EXAMPLE ?= dlrm
+TORCHREC_MODELS ?= dlrm dcn
 tune: $(STAMP) $(PEERS) $(TORCHREC)
+ifeq ($(EXAMPLE),torchrec)
+	$(BIN)/python examples/torchrec_dlrm.py --trials $(TRIALS) --model $(TORCHREC_MODELS) --log-dir logs/local/torchrec
+else
 	$(BIN)/python examples/dlrm.py --trials $(TRIALS) --pooling $(POOLING) --log-dir $(MODEL_LOG)
+endif
 
 tune-op: $(STAMP) $(PEERS)
 	$(BIN)/autotune tune embedding_bag --device cpu --shape $(SHAPE) --trials $(OP_TRIALS) --log $(LOG)
