@@ -8,6 +8,10 @@ STAMP   := $(VENV)/.installed
 # it, one table per pooling; TRIALS per task keeps a first run on 2 cores to 13-19 minutes (a second run
 # resumes from MODEL_LOG and tunes nothing already tuned).
 TRIALS  ?= 8
+# BUDGET=SECONDS: each tune_model call tunes for that long, batch by batch where the model's time goes (TRIALS then
+# caps each task); unset, every task gets TRIALS configs.
+BUDGET  ?=
+TUNING  := --trials $(TRIALS) $(if $(BUDGET),--budget $(BUDGET))
 POOLING ?= 1 8
 MODEL_LOG ?= logs/local/dlrm
 # `make tune-op`: one operator, embedding-bag, tuned at a DLRM shape, then benchmarked against PyTorch.
@@ -51,9 +55,9 @@ EXAMPLE ?= dlrm
 TORCHREC_MODELS ?= dlrm dcn
 tune: $(STAMP) $(PEERS) $(TORCHREC)
 ifeq ($(EXAMPLE),torchrec)
-	$(BIN)/python examples/torchrec_dlrm.py --trials $(TRIALS) --model $(TORCHREC_MODELS) --log-dir logs/local/torchrec
+	$(BIN)/python examples/torchrec_dlrm.py $(TUNING) --model $(TORCHREC_MODELS) --log-dir logs/local/torchrec
 else
-	$(BIN)/python examples/dlrm.py --trials $(TRIALS) --pooling $(POOLING) --log-dir $(MODEL_LOG)
+	$(BIN)/python examples/dlrm.py $(TUNING) --pooling $(POOLING) --log-dir $(MODEL_LOG)
 endif
 
 tune-op: $(STAMP) $(PEERS)

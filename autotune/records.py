@@ -190,6 +190,32 @@ def current(records: Iterable[Record], include_stale: bool = False) -> list[Reco
     return out
 
 
+def stale(path: str | os.PathLike[str]) -> list[Record]:
+    """The records of a log that no code of this installation measured (another template version, or a template
+    it lacks): what `current` ignores. A shipped log holds none (tests/test_records.py)."""
+    recs = list(load(path))
+    keep = {id(r) for r in current(recs)}
+    return [r for r in recs if id(r) not in keep]
+
+
+def drop_stale(path: str | os.PathLike[str]) -> int:
+    """Rewrite a log without its stale records (atomically; lines that do not parse are kept byte for byte);
+    returns how many were dropped. For maintainers pruning the shipped logs, never while a tuner writes to it."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    gone = {r.to_json() for r in stale(path)}
+    out = []
+    for line in lines:
+        try:
+            if Record.from_json(line).to_json() in gone:
+                continue
+        except (ValueError, TypeError, KeyError):
+            pass
+        out.append(line)
+    rewrite(path, out)
+    return len(lines) - len(out)
+
+
 def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str | None = None,
           from_version: str | None = None) -> int:
     """Mark `op`'s records of one device kind ("cpu", "cuda") in `path` as measured with template `version`

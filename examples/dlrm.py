@@ -182,7 +182,8 @@ def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch],
 
     t0 = time.perf_counter()
     optimized, report = at.tune_model(model, example, log_dir=args.log_dir, trials=args.trials, quantize=quantize,
-                                      check_inputs=list(held_out), timing_batches=args.fresh)
+                                      check_inputs=list(held_out), timing_batches=args.fresh,
+                                      budget=args.budget, retune=args.retune)
     print(f"\n== {name}: tune_model(quantize={quantize}) in {time.perf_counter() - t0:.0f} s\n{report}")
     layers = report.accuracy.layers if report.accuracy else []
     return Contender(name, optimized, time.perf_counter() - t0, note=finer_than_int8(layers) if quantize else "")
@@ -318,7 +319,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="indices per bag, one table per value (1: Criteo's one-hot features)")
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--max-rows", type=int, default=200_000, help="cap on a table's rows (to fit this machine)")
-    p.add_argument("--trials", type=int, default=8, help="tuning budget per task (make tune's)")
+    p.add_argument("--trials", type=int, default=8, help="configs per task (with --budget: at most)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of tuning per tune_model call, spent where the model's time goes (make tune's)")
+    p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
     p.add_argument("--log-dir", default="logs/local/dlrm")
     p.add_argument("--held-out", type=int, default=2, help="held-out batches (accuracy contract and error column)")
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
@@ -332,6 +336,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.pooling) < 1 or args.held_out < 1 or args.fresh < 1:
         p.error("--pooling, --held-out and --fresh take values >= 1")
+    if args.budget is not None and not args.budget > 0:
+        p.error("--budget takes seconds > 0")
     return args
 
 

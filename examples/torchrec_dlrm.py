@@ -218,7 +218,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--max-rows", type=int, default=None,
                    help="cap on a table's rows (default: 200,000 for dlrm, 1,000,000 for dcn)")
-    p.add_argument("--trials", type=int, default=8, help="tuning budget per task")
+    p.add_argument("--trials", type=int, default=8, help="configs per task (with --budget: at most)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of tuning per tune_model call, spent where the model's time goes")
+    p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
     p.add_argument("--log-dir", default="logs/local/torchrec")
     p.add_argument("--held-out", type=int, default=2, help="held-out batches (accuracy contract and error column)")
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
@@ -230,6 +233,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batch < 1 or args.held_out < 1 or args.fresh < 1 or (args.max_rows is not None and args.max_rows < 1):
         p.error("--batch, --held-out, --fresh and --max-rows take values >= 1")
+    if args.budget is not None and not args.budget > 0:
+        p.error("--budget takes seconds > 0")
     return args
 
 

@@ -814,3 +814,91 @@ def test_tasks_measure_the_best_config_a_sibling_found_after_them(tmp_path):
         t.measured = 0
     session._share_bests(reports)  # nothing tuned this round
     assert measured == []
+
+
+# ---- the session: budget, scheduler, shipped records -------------------------------------------------------------
+class FakePools:
+    """A build pool and measure worker, faked: each config of a workload takes `speed(workload_key, config)`;
+    `calls` lists each measure call's (workload key, configs)."""
+
+    def __init__(self, speed: Callable[[str, Any], float]):
+        self.speed, self.calls = speed, []
+
+    def build(self, task: Any, configs: Any) -> Any:
+        from autotune.build import Built
+
+        return [Built(c, None, 0.0) for c in configs]
+
+    def measure(self, task: Any, built: Any) -> Any:
+        from autotune.measure import Measured
+
+        self.calls.append((task.workload_key, len(built)))
+        return [Measured(b, (self.speed(task.workload_key, b.config),)) for b in built]
+
+    def close(self) -> None:
+        pass
+
+
+BAG_SHAPES = [dict(rows=400, dim=16, batch=32, pooling=(0, 12)), dict(rows=500, dim=16, batch=32, pooling=(0, 12))]
+
+
+def test_promise_is_the_last_batch_gain_or_a_prior_that_shrinks():
+    from autotune.torch.session import PRIOR, promise
+
+    assert promise([1.0]) == PRIOR
+    assert promise([1.0, 0.5]) == 0.5  # the last batch halved the time
+    assert promise([1.0, 1.0]) == PRIOR / 2 and promise([1.0, 1.0, 1.0, 1.0]) == PRIOR / 4
+
+
+def test_a_budget_gives_the_next_batch_to_the_task_that_promises_the_model_most(tmp_path):
+    """Each task gets a first batch; then the task with 90% of the model's time gets the next batch before the
+    one with 10% (same promise, similar cost); `trials` caps both, and the scheduler stops when none has more."""
+    import zlib
+
+    from autotune.task import make_task
+    from autotune.torch.report import TaskReport
+    from autotune.torch.session import BATCH, TuningSession
+
+    pools = FakePools(lambda w, cfg: 1e-4 * (1 + zlib.crc32(cfg.key().encode()) % 100))
+    session = TuningSession("cpu", tmp_path, trials=2 * BATCH, shipped=False, progress=False, runner=pools,
+                            builder=pools, budget=600)
+    tasks = [make_task("embedding_bag", "cpu", **f) for f in BAG_SHAPES]
+    light, heavy = (TaskReport(key=t.key, fields=f, share=s) for t, f, s in zip(tasks, BAG_SHAPES, (0.1, 0.9)))
+    session.tasks += [light, heavy]
+    for t in (light, heavy):  # as `tune` does first
+        session._tune_task(t, BATCH)
+    session._schedule()
+    runs: list[list[Any]] = []  # one task's measure calls in a row, its batch's 1-config confirm left out
+    for w, n in pools.calls:
+        if n == 1:
+            continue
+        if runs and runs[-1][0] == w and runs[-1][1] < BATCH:
+            runs[-1][1] += n
+        else:
+            runs.append([w, n])
+    assert [w for w, _ in runs] == [light.key.workload_key, heavy.key.workload_key, heavy.key.workload_key,
+                                    light.key.workload_key], pools.calls
+    assert all(n == BATCH for _, n in runs)
+    for t in (light, heavy):
+        assert t.measured == 2 * BATCH and t.batches == 2 and t.tuning_s > 0 and t.best_s <= t.first_s
+
+
+def test_a_task_the_shipped_records_cover_is_not_tuned_unless_asked(tmp_path, monkeypatch):
+    from autotune import records
+    from autotune.task import make_task
+    from autotune.torch.session import TuningSession
+
+    task = make_task("embedding_bag", "cpu", **BAG_SHAPES[0])
+    shipped = tmp_path / "shipped" / "embedding_bag.jsonl"
+    cfg = task.space.default()
+    records.append(shipped, [task.record(cfg, costs=(1e-5,))])
+    monkeypatch.setattr(records, "shipped_logs", lambda op, device: [shipped] if op == "embedding_bag" else [])
+    for retune, want in ((False, 0), (True, 2)):
+        pools = FakePools(lambda w, c: 2e-5)
+        session = TuningSession("cpu", tmp_path / f"own{retune}", trials=2, progress=False, runner=pools,
+                                builder=pools, retune=retune)
+        (t,) = session.add([GraphMatch("bag", (), (), (("embedding_bag", BAG_SHAPES[0]),), lambda gm: ())], {})
+        session._tune_task(t, 2)
+        assert t.measured == want and (t.shipped == 1) != retune, t
+        assert t.source == "shipped record" and t.best_s == pytest.approx(1e-5)  # the faster one, either way
+        assert ("covered by 1 shipped records" in t.describe()) != retune

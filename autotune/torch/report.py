@@ -27,6 +27,10 @@ class TaskReport:
     sites: int = 0
     measured: int = 0  # configs measured by this call
     resumed: int = 0  # configs already in the log
+    shipped: int = 0  # configs the shipped records of this CPU measured (they cover the task: not tuned again)
+    tuning_s: float = 0.0  # seconds this call spent tuning it
+    batches: int = 0  # tuning batches this call gave it (under a budget, the scheduler's picks)
+    first_s: float | None = None  # its best after its first batch of this call: what tuning it further gained
     best_s: float | None = None
     source: str = ""  # "tuned" or "shipped record"
     why: str = ""  # why there is no kernel
@@ -42,7 +46,11 @@ class TaskReport:
             return head
         best = (f"best {self.best_s * 1e3:.4f} ms" + (f" ({self.source})" if self.source == "shipped record"
                                                        else "")) if self.best_s is not None else self.why
-        return f"{head}; {self.measured} trials measured, {self.resumed} resumed; {best}"
+        done = (f"covered by {self.shipped} shipped records" if self.shipped else
+                f"{self.measured} trials measured in {self.tuning_s:.0f} s, {self.resumed} resumed")
+        gained = (f" ({self.first_s / self.best_s:.2f}x its first batch)" if self.first_s and self.best_s
+                  and self.batches > 1 else "")
+        return f"{head}; {done}; {best}{gained}"
 
     def __str__(self) -> str:
         return self.describe()
@@ -66,9 +74,10 @@ class TuneModelReport:
     package: Path | None = None
     exported: bool = False  # False: the package already held exactly these kernels (or none were needed)
     threads: dict[str, str] = field(default_factory=dict)
-    whole_model: list[str] = field(default_factory=list)  # the whole-model check's verdicts (_whole_model_check)
+    whole_model: list[str] = field(default_factory=list)  # the whole-model checks' verdicts (whole_model.py)
     accuracy: AccuracyReport | None = None  # the contract, each int8 layer's precision, the measured error
     timing_batches: int = 1  # batches every timing cycled through (the example and fresh ones)
+    budget_s: float | None = None  # the tuning budget the call was given (None: `trials` per task)
     note: str = ""
 
     @property
@@ -81,8 +90,10 @@ class TuneModelReport:
         return self.eager_s / self.optimized_s if self.eager_s and self.optimized_s else None
 
     def __str__(self) -> str:
-        lines = [f"tune_model: {len(self.tasks)} tasks ({self.measured} trials measured), {len(self.replaced)} "
-                 f"replaced, {len(self.kept)} kept" + (f": {self.note}" if self.note else "")]
+        spent = sum(t.tuning_s for t in self.tasks)
+        budget = f" of a {self.budget_s:.0f} s budget" if self.budget_s is not None else ""
+        lines = [f"tune_model: {len(self.tasks)} tasks ({self.measured} trials measured in {spent:.0f} s{budget}), "
+                 f"{len(self.replaced)} replaced, {len(self.kept)} kept" + (f": {self.note}" if self.note else "")]
         if self.tasks:
             lines.append("tasks (share of the eager time on the example inputs):")
             lines += [f"  {t}" for t in self.tasks]

@@ -11,6 +11,7 @@ runs on. The runner is any `autotune tune --runner` takes: `local`, `rpc://HOST:
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,7 +25,19 @@ from ..tuning_log import TuningLog
 from .report import TaskReport, shape_text
 from .speed import ms
 
-__all__ = ["TuningSession", "task_key"]
+__all__ = ["BATCH", "TuningSession", "promise", "task_key"]
+
+
+BATCH = 8  # configs per scheduled batch (two of the xgb strategy's): a task's first, and each the budget gives
+PRIOR = 0.2  # the gain a task's second batch is expected to bring over its first; halved with each batch after,
+#              unless its last batch gained more
+
+
+def promise(curve: Sequence[float]) -> float:
+    """The share of its time a task's next batch is expected to save, from its best after each batch so far:
+    the last batch's gain, or PRIOR / batches where that is less (a flat batch does not end a young task)."""
+    last = (curve[-2] - curve[-1]) / curve[-2] if len(curve) > 1 and curve[-2] > 0 else 0.0
+    return max(last, PRIOR / max(len(curve), 1))
 
 
 def task_key(op: str, fields: dict[str, Any], device: str) -> TaskKey:
@@ -59,21 +72,31 @@ class _Logs:
 
 
 class TuningSession:
-    """The tasks of one model, tuned into `log_dir` for `device` with `trials` configs each (resuming), their
-    best kernels exported to `log_dir/package` and loaded. `runner`: "local", "rpc://HOST:PORT/KEY",
-    "offline:DIR" or a Runner (closed by its owner, not here); `builder`: a Builder (likewise), else one pool."""
+    """The tasks of one model, tuned into `log_dir` for `device` (resuming), their best kernels exported to
+    `log_dir/package` and loaded. Without a `budget`, each task gets `trials` configs; with one (seconds, all
+    of the session's tuning together), the scheduler (`_schedule`) gives each new task a first batch, then each
+    next batch to the task whose tuning promises the model the most time per second, up to `trials` each.
+    A task that the shipped records of this CPU kind cover (the same workload and template version: measured
+    already) is not tuned unless `retune`. `runner`: "local", "rpc://HOST:PORT/KEY", "offline:DIR" or a Runner
+    (closed by its owner, not here); `builder`: a Builder (likewise), else one pool."""
 
     def __init__(self, device: str, log_dir: str | Path, trials: int, *, shipped: bool = True,
-                 progress: bool = True, runner: Any = "local", builder: Any = None):
+                 progress: bool = True, runner: Any = "local", builder: Any = None, budget: float | None = None,
+                 retune: bool = False):
         from ..measure import runner_kind
         from ..targets import resolve
 
         self.local = runner_kind(runner) == "local" if isinstance(runner, str) else False  # checked before work
+        if budget is not None and not budget > 0:
+            raise ValueError(f"tune_model: budget must be a number of seconds > 0, got {budget!r}")
         self.device = resolve(device)
         self.log_dir = Path(log_dir)
-        self.trials, self.shipped, self.progress = trials, shipped, progress
+        self.trials, self.shipped, self.progress, self.retune = trials, shipped, progress, retune
+        self.budget, self._deadline = budget, None if budget is None else time.monotonic() + budget
         self.tasks: list[TaskReport] = []
         self.logs = _Logs(self.log_dir)
+        self._curves: dict[TaskKey, list[float]] = {}  # each task's best after each batch of this session
+        self._done: set[TaskKey] = set()  # tasks a batch could not add to
         self.package: Path | None = None
         self.exported = False  # whether any call of `tune` wrote the package (else it held these kernels)
         self._runner_spec = runner
@@ -141,9 +164,11 @@ class TuningSession:
         try:
             for t in bar:
                 bar.set_postfix_str(t.op)
-                self._tune_task(t)
+                self._tune_task(t, self.trials if self.budget is None else BATCH)
         finally:
             bar.close()
+        if self.budget is not None:
+            self._schedule()
         self._share_bests(new)
         best = [t.record for t in self.tasks if t.record is not None]
         if best:
@@ -171,27 +196,66 @@ class TuningSession:
 
         return make_task(t.op, self.device, **t.fields)
 
-    def _tune_task(self, t: TaskReport) -> None:
-        """Tune one task up to `trials` configs in its log (resume), then pick its best record."""
+    def _tune_task(self, t: TaskReport, more: int) -> None:
+        """Tune one task by up to `more` configs (resuming: a task whose log holds `trials` is not tuned; one
+        batch of the scheduler's), then pick its best record. A task the shipped records cover is picked from
+        them, not tuned (unless `retune`)."""
         from ..measure import require_local_device
         from ..tuner import tune
 
         task = self._task(t)
         log = self.logs.own(t.op)
-        t.resumed = log.resumed(task)
-        if t.resumed < self.trials and t.resumed < len(task.space):
+        in_log = log.resumed(task)
+        if t.batches == 0:
+            t.resumed = in_log
+            covered = self.logs.shipped(t.op, self.device.name) if self.shipped and not self.retune else None
+            if covered is not None and covered.best(task) is not None:
+                t.shipped = covered.resumed(task)
+                self._pick(t, task)
+                return
+        more = min(more, self.trials - in_log, len(task.space) - in_log)
+        if more > 0:
+            start = time.monotonic()
             try:
                 if self.local:
                     require_local_device(task)  # before anything is built
-                t.measured = tune(task, trials=self.trials - t.resumed, log=log, progress=self.progress,
-                                  builder=self.builder(), runner=self.runner(),
-                                  transfer=self.logs.transfer(t.op, task.device.name)).measured
+                t.measured += tune(task, trials=more, log=log, progress=self.progress, builder=self.builder(),
+                                   runner=self.runner(), confirm=3 if self.budget is None else 1,
+                                   transfer=self.logs.transfer(t.op, task.device.name)).measured
             except Exception as err:  # noqa: BLE001 -- one task's failure keeps its sites, not the whole model
                 warnings.warn(f"tune_model: tuning {t.op} {t.fields} failed: {type(err).__name__}: {err}",
                               stacklevel=4)
                 t.why = f"tuning failed: {type(err).__name__}: {err}"
                 return
+            finally:
+                t.tuning_s += time.monotonic() - start
+                t.batches += 1
         self._pick(t, task)
+        if more > 0 and t.best_s is not None:
+            self._curves.setdefault(t.key, []).append(t.best_s)
+            t.first_s = self._curves[t.key][0]
+
+    def _schedule(self) -> None:
+        """Spend what is left of the budget a batch at a time, each on the task whose next batch promises the
+        model the most seconds per second of tuning (Ansor's task scheduler, in small): its share of the eager
+        time times the gain its curve still promises (`promise`), over what a batch of it has cost. Stops when
+        the budget is spent or no task promises anything (each at `trials`, its space measured, or failed)."""
+        assert self._deadline is not None
+        while time.monotonic() < self._deadline:
+            rates = {t.key: self._rate(t) for t in self.tasks}
+            best = max(self.tasks, key=lambda t: rates[t.key], default=None)
+            if best is None or rates[best.key] <= 0.0:
+                return
+            before = best.measured
+            self._tune_task(best, BATCH)
+            if best.measured == before:  # nothing left to measure, or it failed
+                self._done.add(best.key)
+
+    def _rate(self, t: TaskReport) -> float:
+        """The model-time gain per second of tuning that `t`'s next batch promises (0: nothing left to try)."""
+        if t.key in self._done or t.shipped or t.why or t.key not in self._curves or t.resumed + t.measured >= self.trials:
+            return 0.0
+        return t.share * promise(self._curves[t.key]) / max(t.tuning_s / t.batches, 1e-3)
 
     def _share_bests(self, new: Sequence[TaskReport]) -> None:
         """Each task measures the best configs of this session's other tasks its space takes

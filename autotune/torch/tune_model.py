@@ -56,12 +56,16 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
                check_inputs: Sequence[Any] | None = None, timing_batches: int = 8, progress: bool = True,
                shipped: bool = True, extra_rules: Iterable[GraphRule] = (), rules: Iterable[GraphRule] | None = None,
                bench_rounds: int = 3, bench_seconds: float = 0.3, require_speedup: bool = True,
-               speed: SpeedCheck | None = None, runner: Any = "local",
-               builder: Any = None) -> tuple[torch.nn.Module, TuneModelReport]:
+               speed: SpeedCheck | None = None, runner: Any = "local", builder: Any = None,
+               budget: float | None = None, retune: bool = False) -> tuple[torch.nn.Module, TuneModelReport]:
     """Tune the operators `model` runs on `example_inputs` for `device` and return (the rewritten model, the
     report). See the module docstring.
 
-    `trials`: configs per task, counting those already in `log_dir/<op>.jsonl`. `quantize=False` keeps the
+    `trials`: configs per task, counting those already in `log_dir/<op>.jsonl`. `budget`: seconds of tuning
+    for the whole call (the precision ladder's later tasks included): each task gets a first batch, then each
+    next batch goes to the task whose next batch promises the model the most time per second (`session.py`),
+    `trials` capping each; the report says each task's trials, seconds and gain. A task the shipped records of
+    this CPU kind cover (same workload and template version) is taken from them, not tuned, unless `retune`. `quantize=False` keeps the
     rules that change numerics (int8 Linear layers) out. `tolerance`: the error allowed on each output of the
     model against eager, `Tolerance(atol, rtol)` (|optimized - eager| <= max(atol, rtol x max|eager|)) or a
     number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
@@ -91,14 +95,14 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
         raise ValueError(f"tune_model: timing_batches must be an int >= 1 (1: the example batch alone), got "
                          f"{timing_batches!r}")
     session = TuningSession(device, log_dir, trials, shipped=shipped, progress=progress, runner=runner,
-                            builder=builder)  # a bad runner or device is refused before any work
+                            builder=builder, budget=budget, retune=retune)  # bad settings refused before any work
     args = as_args(example_inputs)
     gm = capture(model, args)  # never rewritten: discovery, node times and the simulated int8 layers
     checks = accuracy.check_batches(model, args, check_inputs)
     timed = require_speedup or bench_rounds > 0
     timing = accuracy.timing_batches(model, checks, timing_batches if timed else 1)
     ruleset = collect_rules(quantize, extra_rules, rules)
-    report = TuneModelReport(threads=_threads(), timing_batches=len(timing))
+    report = TuneModelReport(threads=_threads(), timing_batches=len(timing), budget_s=budget)
     found = discover(gm, args, ruleset)
     if not found.matches:
         report.kept = found.kept
