@@ -176,13 +176,15 @@ def pt2e_int8(model: nn.Module, example: Batch) -> Contender:
 
 
 def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch], quantize: bool,
-         args: argparse.Namespace) -> Contender:
-    """tune_model's rewritten model, held to its default accuracy contract on the held-out batches."""
+         args: argparse.Namespace, test: Sequence[Batch] = ()) -> Contender:
+    """tune_model's rewritten model, held to its default accuracy contract on the held-out (validation) batches;
+    `test`: batches no decision sees, whose error its report gives."""
     import autotune.torch as at
 
     t0 = time.perf_counter()
     optimized, report = at.tune_model(model, example, log_dir=args.log_dir, trials=args.trials, quantize=quantize,
-                                      check_inputs=list(held_out), timing_batches=args.fresh,
+                                      check_inputs=list(held_out), test_inputs=list(test) or None,
+                                      timing_batches=args.fresh,
                                       budget=args.budget, retune=args.retune)
     print(f"\n== {name}: tune_model(quantize={quantize}) in {time.perf_counter() - t0:.0f} s\n{report}")
     layers = report.accuracy.layers if report.accuracy else []
@@ -201,8 +203,8 @@ def finer_than_int8(layers: Sequence[Any]) -> str:
     return "; ".join(f"{label}: {', '.join(items)}" for label, items in parts.items() if items)
 
 
-def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], args: argparse.Namespace) \
-        -> list[Contender]:
+def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], args: argparse.Namespace,
+               test: Sequence[Batch] = ()) -> list[Contender]:
     """Every contender, in table order (skipped ones say why)."""
     out = [Contender("eager", model)]
     skip = "skipped (--no-compile)"
@@ -211,8 +213,8 @@ def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], args
     out.append(compiled(name, model, example, "max-autotune") if args.compile and args.max_autotune
                else Contender(name, skipped=skip if not args.compile else "skipped (--no-max-autotune)"))
     out.append(pt2e_int8(model, example) if args.pt2e else Contender(PT2E, skipped="skipped (--no-pt2e)"))
-    out.append(ours("ours fp32-exact", model, example, held_out, False, args))
-    out.append(ours("ours int8", model, example, held_out, True, args))
+    out.append(ours("ours fp32-exact", model, example, held_out, False, args, test))
+    out.append(ours("ours int8", model, example, held_out, True, args, test))
     return out
 
 
@@ -274,7 +276,7 @@ def table(title: str, rows: Sequence[Row], skipped: Sequence[Contender]) -> str:
     """The markdown table of the rows (x eager against the first row, eager), then a line per skipped peer."""
     eager = rows[0]
     lines = [f"### {title}", "",
-             "| contender | fresh ms | x eager | repeated ms | x eager | max \\|out - eager\\| (held-out) | build s |",
+             "| contender | fresh ms | x eager | repeated ms | x eager | max \\|out - eager\\| (test batches) | build s |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         name = r.name + (f" ({r.note})" if r.note else "")
@@ -324,7 +326,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds of tuning per tune_model call, spent where the model's time goes (make tune's)")
     p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
     p.add_argument("--log-dir", default="logs/local/dlrm")
-    p.add_argument("--held-out", type=int, default=2, help="held-out batches (accuracy contract and error column)")
+    p.add_argument("--held-out", type=int, default=2,
+                   help="validation batches (tune_model's contract decides on them) and as many test batches (the "
+                        "error column: no decision saw them)")
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, regime and round")
@@ -345,12 +349,13 @@ def run_pooling(model: DLRM, pooling: int, args: argparse.Namespace) -> tuple[st
     """One pooling's contenders built, measured and tabulated: (the table, whether ours kept their bounds)."""
     draw = lambda seed: make_batch(model, args.batch, (pooling, pooling), seed)  # noqa: E731
     example = draw(0)
-    held_out = [draw(1 + i) for i in range(args.held_out)]
+    held_out = [draw(1 + i) for i in range(args.held_out)]  # validation: tune_model decides on them
+    test = [draw(500 + i) for i in range(args.held_out)]  # the error column: no decision saw them
     fresh = [example] + [draw(1000 + i) for i in range(args.fresh - 1)]
     print(f"\n==== {pooling} {'index' if pooling == 1 else 'indices'} per bag")
-    every = contenders(model, example, held_out, args)
+    every = contenders(model, example, held_out, args, test)
     built = [c for c in every if c.model is not None]
-    rows = measure(built, fresh, held_out, args.rounds, args.seconds)
+    rows = measure(built, fresh, test, args.rounds, args.seconds)
     if args.stages:
         print_stages(model, built, example)
     ok = all(r.error <= (1e-2 if "int8" in r.name else 1e-4) for r in rows if r.name.startswith("ours"))

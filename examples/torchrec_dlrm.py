@@ -8,7 +8,8 @@ DLRMv2's 26 row counts (Criteo 1TB) capped at --max-rows.
         dense arch 512-256-128, a 3-layer low-rank (512) DCNv2 cross net, over arch 1024-1024-512-256-1 (cap
         1,000,000 by default)
 Contenders, timed in one process on a cycle of --fresh batches drawn like the example (interleaved rounds,
-medians), each with max |out - eager| on --held-out batches no decision saw:
+medians), each with max |out - eager| on test batches no decision saw (tune_model decides on --held-out
+validation batches, as many again):
   eager; torch.compile (Inductor, freezing); TorchRec's own CPU int8 (its quantized EmbeddingBagCollection over
   FBGEMM's IntNBit TBE, `quantize_embeddings`, and dynamic int8 Linears, `quantize_dynamic`); PyTorch's int8
   as Intel's DLRMv2 reference runs it (the KJT unpacked to tensors, PT2E with X86InductorQuantizer, then
@@ -129,10 +130,13 @@ class Unpacked(nn.Module):
         return m.over_arch(m.inter_arch(dense_features=m.dense_arch(dense), sparse_features=sparse))
 
     @staticmethod
-    def split(kjt: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The KJT's per-feature ids and offsets (each feature's offsets from 0, with the last)."""
+    def split(kjt: Any, clone: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The KJT's per-feature ids and offsets (each feature's offsets from 0, with the last); `clone`: copies
+        (a KJT caches what it computed in an earlier call, in inference mode if that call was, which export's
+        tracing then refuses)."""
         jts = kjt.to_dict()
-        return [jt.values() for jt in jts.values()], [jt.offsets() for jt in jts.values()]
+        ids, offsets = [jt.values() for jt in jts.values()], [jt.offsets() for jt in jts.values()]
+        return ([t.clone() for t in ids], [t.clone() for t in offsets]) if clone else (ids, offsets)
 
 
 def pt2e_int8(model: nn.Module, example: Batch) -> Contender:
@@ -149,9 +153,9 @@ def pt2e_int8(model: nn.Module, example: Batch) -> Contender:
         import torch._inductor.config as inductor
 
         unpacked = Unpacked(model)
+        flat = (dense.clone(), *Unpacked.split(kjt, clone=True))
         with torch.no_grad():
-            torch.testing.assert_close(unpacked(dense, *Unpacked.split(kjt)), model(dense, kjt), rtol=0, atol=0)
-        flat = (dense, *Unpacked.split(kjt))
+            torch.testing.assert_close(unpacked(*flat), model(dense, kjt), rtol=0, atol=0)
         quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
         prepared = prepare_pt2e(torch.export.export(unpacked, flat).module(), quantizer)
         with torch.no_grad():
@@ -164,16 +168,16 @@ def pt2e_int8(model: nn.Module, example: Batch) -> Contender:
     return _built(PT2E, make)
 
 
-def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], args: argparse.Namespace,
-               log_dir: str) -> list[Contender]:
+def contenders(model: nn.Module, example: Batch, held_out: Sequence[Batch], test: Sequence[Batch],
+               args: argparse.Namespace, log_dir: str) -> list[Contender]:
     out = [Contender("eager", model)]
     out.append(compiled(model, example) if args.compile else Contender("torch.compile", skipped="--no-compile"))
     out.append(torchrec_int8(model))
     out.append(pt2e_int8(model, example) if args.pt2e else Contender(PT2E, skipped="--no-pt2e"))
     mine = argparse.Namespace(**{**vars(args), "log_dir": log_dir})
     if args.ours:
-        out.append(ours("ours fp32-exact", model, example, held_out, False, mine))
-        out.append(ours("ours int8", model, example, held_out, True, mine))
+        out.append(ours("ours fp32-exact", model, example, held_out, False, mine, test))
+        out.append(ours("ours int8", model, example, held_out, True, mine, test))
     return out
 
 
@@ -181,7 +185,7 @@ def table(title: str, rows: Sequence[Row], skipped: Sequence[Contender], batch: 
     """Markdown: ms, x eager, samples/s (and user-item pairs/s per core), held-out error, build time."""
     eager, cores = rows[0], torch.get_num_threads()
     columns = ["contender", "ms", "x eager", "samples/s", *(["pairs/s per core"] * pairs),
-               "max \\|out - eager\\| (held-out)", "build s"]
+               "max \\|out - eager\\| (test batches)", "build s"]
     lines = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for r in rows:
         rate = batch / r.fresh_s
@@ -201,11 +205,12 @@ def run(kind: str, args: argparse.Namespace) -> tuple[str, bool]:
           f"{sum(pooling)} ids a sample, batch {args.batch}, threads: PyTorch {torch.get_num_threads()}")
     draw = lambda seed: make_batch(rows, pooling, args.batch, seed)  # noqa: E731
     example = draw(0)
-    held_out = [draw(1 + i) for i in range(args.held_out)]
+    held_out = [draw(1 + i) for i in range(args.held_out)]  # validation: tune_model decides on them
+    test = [draw(500 + i) for i in range(args.held_out)]  # the error column: no decision saw them
     fresh = [example] + [draw(1000 + i) for i in range(args.fresh - 1)]
-    every = contenders(model, example, held_out, args, os.path.join(args.log_dir, kind))
+    every = contenders(model, example, held_out, test, args, os.path.join(args.log_dir, kind))
     built = [c for c in every if c.model is not None]
-    measured = measure(built, fresh, held_out, args.rounds, args.seconds)
+    measured = measure(built, fresh, test, args.rounds, args.seconds)
     ok = all(r.error <= (1e-2 if "int8" in r.name else 1e-4) for r in measured if r.name.startswith("ours"))
     title = (f"TorchRec {type(model).__name__}, batch {args.batch}: a cycle of {len(fresh)} fresh batches, median "
              f"of {args.rounds} interleaved rounds")
@@ -223,7 +228,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds of tuning per tune_model call, spent where the model's time goes")
     p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
     p.add_argument("--log-dir", default="logs/local/torchrec")
-    p.add_argument("--held-out", type=int, default=2, help="held-out batches (accuracy contract and error column)")
+    p.add_argument("--held-out", type=int, default=2,
+                   help="validation batches (tune_model's contract decides on them) and as many test batches (the "
+                        "error column: no decision saw them)")
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender and round")

@@ -223,11 +223,18 @@ def test_a_replacement_right_only_on_the_example_is_caught_on_held_out_batches(t
     rule = GraphRule("baked", find, quantizes=True)
     _, alone = tune(model, args, tmp_path, rules=[rule], check_inputs=[])  # the example only: it passes
     assert precisions(alone) == {"4": "int8"} and [e.batch for e in alone.accuracy.errors] == ["example"]
+    # ... and the test batch, which no decision saw, says what it is worth
+    (test,) = alone.accuracy.tests
+    assert test.batch == "test (drawn like the example)" and not test.holds
+    assert "on test batches no decision saw, the tolerance BROKEN:" in str(alone)
+    _, alone = tune(model, args, tmp_path, rules=[rule], check_inputs=[], test_inputs=[batch(7)])
+    assert [(e.batch, e.holds) for e in alone.accuracy.tests] == [("test_inputs[0]", False)]
     _, drawn = tune(model, args, tmp_path, rules=[rule])
     assert precisions(drawn) == {"4": "fp32"} and not drawn.replaced and "unchanged" in drawn.note
     _, given = tune(model, args, tmp_path, rules=[rule], check_inputs=[batch(3), batch(4)])
     assert precisions(given) == {"4": "fp32"}
     assert [e.batch for e in given.accuracy.errors] == ["example", "check_inputs[0]", "check_inputs[1]"]
+    assert given.accuracy.tests == [] or all(e.holds for e in given.accuracy.tests)
 
 
 def test_fp32_rules_are_held_to_the_fp32_contract_and_a_model_that_breaks_it_comes_back_unchanged(tmp_path):

@@ -102,22 +102,12 @@ def _eager(model: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 def check_batches(model: torch.nn.Module, args: tuple[Any, ...], check_inputs: Sequence[Any] | None,
                   seed: int = 1) -> list[Batch]:
-    """The example and the held-out batches, with the eager outputs: the caller's `check_inputs` (a list of
-    batches, each given as the example inputs are), else one drawn like the example (`draw_like`; none, with a
-    warning, when the model rejects every draw)."""
+    """The example and the held-out (validation) batches, with the eager outputs: the caller's `check_inputs` (a
+    list of batches, each given as the example inputs are), else one drawn like the example (`draw_like`; none,
+    with a warning, when the model rejects every draw)."""
     batches = [Batch("example", args, _eager(model, args))]
     if check_inputs is not None:
-        if not isinstance(check_inputs, (list, tuple)):
-            raise ValueError("tune_model: check_inputs must be a list of batches, each given as example_inputs is, "
-                             f"got {type(check_inputs).__name__}")
-        for i, inputs in enumerate(check_inputs):
-            batch = as_args(inputs)
-            try:
-                batches.append(Batch(f"check_inputs[{i}]", batch, _eager(model, batch)))
-            except Exception as err:  # noqa: BLE001 -- say which batch, keep the model's error
-                raise ValueError(f"tune_model: the model raised {type(err).__name__} on check_inputs[{i}] ({err}); "
-                                 "check_inputs is a list of batches, each given as example_inputs is") from err
-        return batches
+        return batches + given_batches(model, check_inputs, "check_inputs")
     drawn = _drawn(model, args, seed)
     if drawn is None:
         warnings.warn("tune_model: the model rejected every batch drawn like the example inputs, so the accuracy "
@@ -126,6 +116,34 @@ def check_batches(model: torch.nn.Module, args: tuple[Any, ...], check_inputs: S
     else:
         batches.append(Batch("held-out (drawn like the example)", drawn[0], drawn[1]))
     return batches
+
+
+def given_batches(model: torch.nn.Module, inputs: Sequence[Any], name: str) -> list[Batch]:
+    """The caller's batches (`name`: the argument they came as), each with the eager outputs; a clear error for a
+    value that is no list of batches, or a batch the model rejects."""
+    if not isinstance(inputs, (list, tuple)):
+        raise ValueError(f"tune_model: {name} must be a list of batches, each given as example_inputs is, got "
+                         f"{type(inputs).__name__}")
+    out = []
+    for i, given in enumerate(inputs):
+        batch = as_args(given)
+        try:
+            out.append(Batch(f"{name}[{i}]", batch, _eager(model, batch)))
+        except Exception as err:  # noqa: BLE001 -- say which batch, keep the model's error
+            raise ValueError(f"tune_model: the model raised {type(err).__name__} on {name}[{i}] ({err}); {name} is "
+                             "a list of batches, each given as example_inputs is") from err
+    return out
+
+
+def test_batches(model: torch.nn.Module, args: tuple[Any, ...], test_inputs: Sequence[Any] | None,
+                 seed: int = 500) -> list[Batch]:
+    """Batches no decision sees, to report the rewritten model's error on: the caller's `test_inputs` (as
+    `check_inputs` takes them), else one drawn like the example with another seed than the validation draw's
+    (none, silently, where the model rejects every draw: the validation warning says so already)."""
+    if test_inputs is not None:
+        return given_batches(model, test_inputs, "test_inputs")
+    drawn = _drawn(model, args, seed)
+    return [] if drawn is None else [Batch("test (drawn like the example)", drawn[0], drawn[1])]
 
 
 def timing_batches(model: torch.nn.Module, checks: Sequence[Batch], count: int, seed: int = 1000) \
@@ -289,8 +307,9 @@ class AccuracyReport:
     """The contract, each reduced-precision layer's precision, and the rewritten model's measured error."""
 
     tolerance: Tolerance
-    errors: list[BatchError] = field(default_factory=list)
+    errors: list[BatchError] = field(default_factory=list)  # on the batches the decisions were taken on
     layers: list[LayerPrecision] = field(default_factory=list)
+    tests: list[BatchError] = field(default_factory=list)  # on test batches no decision saw: the honest figure
 
     @property
     def holds(self) -> bool:
@@ -305,6 +324,10 @@ class AccuracyReport:
         out = [f"accuracy: |optimized - eager| <= {self.tolerance} per output, {verdict} on "
                f"{len(self.errors)} batch(es)"]
         out += [f"  {e}" for e in self.errors]
+        if self.tests:
+            verdict = "holds" if all(e.holds for e in self.tests) else "BROKEN"
+            out.append(f"on test batches no decision saw, the tolerance {verdict}:")
+            out += [f"  {e}" for e in self.tests]
         if self.layers:
             counts = {p: sum(layer.precision == p for layer in self.layers) for p in PRECISIONS}
             out.append("reduced-precision layers: " + ", ".join(f"{n} {p}" for p, n in counts.items()

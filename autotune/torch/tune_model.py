@@ -57,7 +57,8 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
                shipped: bool = True, extra_rules: Iterable[GraphRule] = (), rules: Iterable[GraphRule] | None = None,
                bench_rounds: int = 3, bench_seconds: float = 0.3, require_speedup: bool = True,
                speed: SpeedCheck | None = None, runner: Any = "local", builder: Any = None,
-               budget: float | None = None, retune: bool = False) -> tuple[torch.nn.Module, TuneModelReport]:
+               budget: float | None = None, retune: bool = False,
+               test_inputs: Sequence[Any] | None = None) -> tuple[torch.nn.Module, TuneModelReport]:
     """Tune the operators `model` runs on `example_inputs` for `device` and return (the rewritten model, the
     report). See the module docstring.
 
@@ -65,16 +66,18 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     for the whole call (the precision ladder's later tasks included): each task gets a first batch, then each
     next batch goes to the task whose next batch promises the model the most time per second (`session.py`),
     `trials` capping each; the report says each task's trials, seconds and gain. A task the shipped records of
-    this CPU kind cover (same workload and template version) is taken from them, not tuned, unless `retune`. `quantize=False` keeps the
-    rules that change numerics (int8 Linear layers) out. `tolerance`: the error allowed on each output of the
+    this CPU kind cover (same workload and template version) is taken from them, not tuned, unless `retune`.
+    `quantize=False` keeps the rules that change numerics (int8 Linear layers) out. `tolerance`: the error allowed on each output of the
     model against eager, `Tolerance(atol, rtol)` (|optimized - eager| <= max(atol, rtol x max|eager|)) or a
     number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
     `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
     held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
-    the example, see `accuracy.draw_like`); int8 layers that break it move to a finer precision one at a time
-    (the cheapest whose share of the error covers the excess, else the largest share:
-    `accuracy.next_to_fall_back`), and a model that breaks it with none left comes back unchanged; with speed
-    checks, a rule's int8 layers also move one rung up where the whole model runs faster so (`_finer_if_faster`).
+    the example, see `accuracy.draw_like`): the validation batches every decision is taken on. While the model
+    breaks the contract there, int8 layers move to a finer precision one at a time (the cheapest whose share of
+    the error covers the excess, else the largest share: `accuracy.next_to_fall_back`), and a model that breaks
+    it with none left comes back unchanged; with speed checks, a rule's int8 layers also move one rung up where
+    the whole model runs faster so (`ladder.PrecisionLadder.finer_if_faster`). The report also gives the error
+    on `test_inputs` (given as `check_inputs` is; default: one drawn with another seed), which no decision saw.
     `timing_batches`: every timing (speed checks, eager against optimized) cycles through this many batches,
     the example, the check batches, then fresh ones drawn like the example; 1 times the example batch alone (its
     rows stay in cache, which flatters gathers).
@@ -99,6 +102,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     args = as_args(example_inputs)
     gm = capture(model, args)  # never rewritten: discovery, node times and the simulated int8 layers
     checks = accuracy.check_batches(model, args, check_inputs)
+    tests = accuracy.test_batches(model, args, test_inputs)
     timed = require_speedup or bench_rounds > 0
     timing = accuracy.timing_batches(model, checks, timing_batches if timed else 1)
     ruleset = collect_rules(quantize, extra_rules, rules)
@@ -125,6 +129,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     if not final.done.replaced:
         report.note = "no replacement was kept; the model comes back unchanged"
         return model, report
+    report.accuracy.tests = accuracy.check(final.model, tests, contract)  # what the model returned is worth
     measure(report, model, final.model, timing, bench_rounds, bench_seconds)
     return final.model, report
 
