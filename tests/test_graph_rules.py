@@ -94,6 +94,8 @@ class Interaction(nn.Module):
             li, lj = torch.triu_indices(f, f, offset=-off)
         if k == "reordered":
             li, lj = li.flip(0), lj.flip(0)
+        if k == "repeated":  # the first pair twice, the last one missing
+            li, lj = torch.cat([li[:1], li[:-1]]), torch.cat([lj[:1], lj[:-1]])
         if k == "swapped":  # z is symmetric: z[j, i] is z[i, j]
             li, lj = lj, li
         if k == "from_inputs":
@@ -125,7 +127,7 @@ COPIES = {"flat_block": "a view, no copy", "unsqueeze": "one stack copy", "view_
 
 @pytest.mark.parametrize("kind, self_interaction", [
     *[(k, False) for k in ("cat_view", "stack", "unsqueeze", "view_x", "flat_block", "dlrm", "flat_select",
-                           "flat_index", "swapped")],
+                           "flat_index", "swapped", "upper", "reordered")],
     *[(k, True) for k in ("cat_view", "stack", "dlrm", "flat_select")]])
 def test_interaction_written_the_usual_ways_runs_the_op(kind, self_interaction):
     model = Interaction(kind, self_interaction)
@@ -136,13 +138,14 @@ def test_interaction_written_the_usual_ways_runs_the_op(kind, self_interaction):
     (m,) = matches
     assert m.tasks == (("interaction", dict(batch=B, tables=3, dim=D, self_interaction=self_interaction)),)
     assert COPIES.get(kind, "one stack copy") in m.what
+    assert ("in the model's order" in m.what) == (kind in ("upper", "reordered"))  # TorchRec's triu order, say
     assert torch.ops.autotune.interaction.default in targets(gm) and aten.bmm.default not in targets(gm)
     for batch in (B, 11):  # the rewritten graph serves other batches too
         assert close(gm(*_inputs(batch)), model(*_inputs(batch)))
 
 
 @pytest.mark.parametrize("kind, why", [
-    ("upper", "upper triangle"), ("reordered", "another order"), ("scaled", "mul"), ("x_last", "cat([x, pairs], 1)"),
+    ("repeated", "each pair once"), ("scaled", "mul"), ("x_last", "cat([x, pairs], 1)"),
     ("no_transpose", "not t.transpose(1, 2)"), ("from_inputs", "computed from the model's inputs")])
 def test_interaction_look_alikes_are_kept_and_say_why(kind, why):
     model = Interaction(kind)

@@ -8,7 +8,7 @@ engine checks every replacement by numbers before it keeps it:
 
     discover: each rule's `find` on the captured graph -> the matches (and the tasks their kernels need) and
               the look-alikes refused by structure (`Kept`), before anything is tuned;
-    rewrite:  per rule, in the rules' order (rules.py), on the graph as earlier rules left it: find again, `replace` each
+    rewrite:  per rule, in their order (rules.py), on the graph as earlier rules left it: find again, `replace` each
               match (new nodes inserted, not wired), run the graph once on the example inputs computing old and
               new values together, rewire the outputs of the matches whose new values agree within their
               tolerance (and, with `speed`, whose new nodes run faster than the old ones: `speed.py`), erase

@@ -29,7 +29,7 @@ __all__ = ["BATCH", "TuningSession", "promise", "task_key"]
 
 
 BATCH = 8  # configs per scheduled batch (two of the xgb strategy's): a task's first, and each the budget gives
-PRIOR = 0.2  # the gain a task's second batch is expected to bring over its first; halved with each batch after,
+PRIOR = 0.2  # the gain a task's second batch is expected to bring over its first; PRIOR / n after n batches,
 #              unless its last batch gained more
 
 
@@ -253,7 +253,8 @@ class TuningSession:
 
     def _rate(self, t: TaskReport) -> float:
         """The model-time gain per second of tuning that `t`'s next batch promises (0: nothing left to try)."""
-        if t.key in self._done or t.shipped or t.why or t.key not in self._curves or t.resumed + t.measured >= self.trials:
+        if (t.key in self._done or t.shipped or t.why or t.key not in self._curves
+                or t.resumed + t.measured >= self.trials):
             return 0.0
         return t.share * promise(self._curves[t.key]) / max(t.tuning_s / t.batches, 1e-3)
 

@@ -67,9 +67,9 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     next batch goes to the task whose next batch promises the model the most time per second (`session.py`),
     `trials` capping each; the report says each task's trials, seconds and gain. A task the shipped records of
     this CPU kind cover (same workload and template version) is taken from them, not tuned, unless `retune`.
-    `quantize=False` keeps the rules that change numerics (int8 Linear layers) out. `tolerance`: the error allowed on each output of the
-    model against eager, `Tolerance(atol, rtol)` (|optimized - eager| <= max(atol, rtol x max|eager|)) or a
-    number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
+    `quantize=False` keeps the rules that change numerics (int8 Linear layers) out. `tolerance`: the error
+    allowed on each output of the model against eager, `Tolerance(atol, rtol)` (|optimized - eager| <=
+    max(atol, rtol x max|eager|)) or a number (atol); default `accuracy.INT8` (max(1e-2, 1e-2 x max|eager|)) with `quantize`, else
     `accuracy.FP32_EXACT` (1e-4 likewise). It is checked on the example inputs and on `check_inputs` (a list of
     held-out batches, each given as `example_inputs` is; [] checks the example alone; default: one drawn like
     the example, see `accuracy.draw_like`): the validation batches every decision is taken on. While the model

@@ -5,8 +5,9 @@ embeddings are exactly a group of bags that batched_embedding_bag's rule would r
 interaction's order, each read by the interaction alone. The match claims both and is replaced by
 `torch.ops.autotune.embedding_interaction(x, tables, table_offsets, indices, offsets, self_interaction,
 include_last_offset)` over the tables copied once into one buffer (the model's Parameters become views of it,
-as batched_embedding_bag's rule does). It runs before the rules it fuses (autotune/torch/rules.py); tune_model keeps its replacement only where
-the whole model is faster with it than with the batched bags and the interaction kernel apart.
+as batched_embedding_bag's rule does). It runs before the rules it fuses (autotune/torch/rules.py); tune_model
+keeps its replacement only where the whole model is faster with it than with the batched bags and the
+interaction kernel apart.
 
 Its quantizing twin (`embedding_interaction_int8`, before it, under tune_model(quantize=True)) does the same
 over the tables converted once to FBGEMM's fused int8 rows, as batched_embedding_bag's int8 rule does: a
@@ -175,7 +176,8 @@ def _finder(rule: str, dtype: str, precision: str, rows: str, layout: str = "") 
                                     what=f"EmbeddingBag({b.rows}, {b.dim}) table, {rows}", precision=precision)
                             for b in group)
             tol = _reduced_tolerance(gm, values, group, x, fields, dtype)
-            yield _match(rule, group, site, x, fields, nodes, order, tol, f" of {rows}{layout}, converted once; the dot "
+            yield _match(rule, group, site, x, fields, nodes, order, tol,
+                         f" of {rows}{layout}, converted once; the dot "
                          "products may multiply bf16 roundings of the features (AMX tiles, where the CPU has them)",
                          dtype, reduced)
 
