@@ -73,8 +73,8 @@ class _Logs:
 
 class TuningSession:
     """The tasks of one model, tuned into `log_dir` for `device` (resuming), their best kernels exported to
-    `log_dir/package` and loaded. Without a `budget`, each task gets `trials` configs; with one (seconds, all
-    of the session's tuning together), the scheduler (`_schedule`) gives each new task a first batch, then each
+    `log_dir/package` and loaded. Without a `budget`, each task gets `trials` configs; with one (seconds of
+    tuning, all of the session's batches together), the scheduler (`_schedule`) gives each new task a first batch, then each
     next batch to the task whose tuning promises the model the most time per second, up to `trials` each.
     A task that the shipped records of this CPU kind cover (the same workload and template version: measured
     already) is not tuned unless `retune`. `runner`: "local", "rpc://HOST:PORT/KEY", "offline:DIR" or a Runner
@@ -92,7 +92,7 @@ class TuningSession:
         self.device = resolve(device)
         self.log_dir = Path(log_dir)
         self.trials, self.shipped, self.progress, self.retune = trials, shipped, progress, retune
-        self.budget, self._deadline = budget, None if budget is None else time.monotonic() + budget
+        self.budget = budget
         self.tasks: list[TaskReport] = []
         self.logs = _Logs(self.log_dir)
         self._curves: dict[TaskKey, list[float]] = {}  # each task's best after each batch of this session
@@ -239,9 +239,10 @@ class TuningSession:
         """Spend what is left of the budget a batch at a time, each on the task whose next batch promises the
         model the most seconds per second of tuning (Ansor's task scheduler, in small): its share of the eager
         time times the gain its curve still promises (`promise`), over what a batch of it has cost. Stops when
-        the budget is spent or no task promises anything (each at `trials`, its space measured, or failed)."""
-        assert self._deadline is not None
-        while time.monotonic() < self._deadline:
+        the session's tuning (every batch of every call, first batches included) has taken the budget's seconds,
+        or no task promises anything (each at `trials`, its space measured, or failed)."""
+        assert self.budget is not None
+        while sum(t.tuning_s for t in self.tasks) < self.budget:
             rates = {t.key: self._rate(t) for t in self.tasks}
             best = max(self.tasks, key=lambda t: rates[t.key], default=None)
             if best is None or rates[best.key] <= 0.0:

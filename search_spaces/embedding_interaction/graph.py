@@ -71,7 +71,7 @@ def _replace(group: list[Bag], x: Any, outputs: tuple[Any, ...], self_interactio
             weight, starts = table_nodes(gm, group, dtype)
             new = gm.graph.call_function(torch.ops.autotune.embedding_interaction.default, (
                 x, weight, starts, indices, offsets, self_interaction, group[0].include_last_offset, dot_dtype))
-            new = in_model_order(gm, new, order, x)
+            new = in_model_order(gm, new, order, x, group[0].dim)
         for node in (weight, starts, new):
             node.meta["nn_module_stack"] = outputs[0].meta.get("nn_module_stack", {})
         return (new,)

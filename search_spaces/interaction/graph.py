@@ -363,15 +363,14 @@ _COPIES = {"in place": "reading the embeddings in place (no copy)", "stack": "on
            "block": "reading the embeddings in place (no copy)", "cat": "one cat copy of the embeddings"}
 
 
-def in_model_order(gm: Any, out: Any, order: list[int] | None, x: Any) -> Any:
-    """`out`, the kernel's [x, pairs in DLRM's order] (inserted at the graph's insertion point), with its pair
-    columns put in the model's `order` (one index_select over constant columns on x's device), or `out` itself
-    for None."""
+def in_model_order(gm: Any, out: Any, order: list[int] | None, x: Any, dim: int) -> Any:
+    """`out`, the kernel's [x (`dim` wide), pairs in DLRM's order] (inserted at the graph's insertion point), with
+    its pair columns put in the model's `order` (one index_select over constant columns on x's device), or `out`
+    itself for None."""
     if order is None:
         return out
-    val = x.meta.get("val")
-    dim = int(val.shape[1])
-    cols = torch.tensor([*range(dim), *(dim + k for k in order)], dtype=torch.int64, device=val.device)
+    device = getattr(x.meta.get("val"), "device", None) or torch.device("cpu")
+    cols = torch.tensor([*range(dim), *(dim + k for k in order)], dtype=torch.int64, device=device)
     return gm.graph.call_function(aten.index_select.default, (out, 1, register(gm, "autotune_pair_order", cols)))
 
 
@@ -382,7 +381,7 @@ def _replace(site: Site, plan: tuple[str, Any]) -> Any:
             ly = _build_ly(gm, plan, site.feats.dim)
             new = gm.graph.call_function(torch.ops.autotune.interaction.default,
                                          (site.feats.x, ly, site.self_interaction))
-            new = in_model_order(gm, new, site.order, site.feats.x)
+            new = in_model_order(gm, new, site.order, site.feats.x, site.feats.dim)
         new.meta["nn_module_stack"] = site.bmm.meta.get("nn_module_stack", {})
         return (new,)
 
