@@ -315,22 +315,34 @@ def print_stages(model: nn.Module, built: Sequence[Contender], example: Batch) -
 
 
 # ---- main ---------------------------------------------------------------------------------------------------
+def add_run_options(p: argparse.ArgumentParser, log_dir: str) -> None:
+    """The options of tune_model's calls and of the timing, shared with examples/torchrec_dlrm.py."""
+    p.add_argument("--trials", type=int, default=8, help="configs per task (with --budget: at most)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds of tuning per tune_model call, spent where the model's time goes (make tune's)")
+    p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
+    p.add_argument("--log-dir", default=log_dir)
+    p.add_argument("--held-out", type=int, default=2,
+                   help="validation batches (tune_model's contract decides on them) and as many test batches (the "
+                        "error column: no decision saw them)")
+    p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+
+
+def check_run_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.held_out < 1 or args.fresh < 1 or args.trials < 1 or args.rounds < 1:
+        p.error("--held-out, --fresh, --trials and --rounds take values >= 1")
+    if args.budget is not None and not args.budget > 0:
+        p.error("--budget takes seconds > 0")
+
+
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pooling", type=int, nargs="+", default=[1, 8],
                    help="indices per bag, one table per value (1: Criteo's one-hot features)")
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--max-rows", type=int, default=200_000, help="cap on a table's rows (to fit this machine)")
-    p.add_argument("--trials", type=int, default=8, help="configs per task (with --budget: at most)")
-    p.add_argument("--budget", type=float, default=None,
-                   help="seconds of tuning per tune_model call, spent where the model's time goes (make tune's)")
-    p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
-    p.add_argument("--log-dir", default="logs/local/dlrm")
-    p.add_argument("--held-out", type=int, default=2,
-                   help="validation batches (tune_model's contract decides on them) and as many test batches (the "
-                        "error column: no decision saw them)")
-    p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    add_run_options(p, "logs/local/dlrm")
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, regime and round")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip both torch.compile rows")
     p.add_argument("--no-max-autotune", dest="max_autotune", action="store_false",
@@ -338,10 +350,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pt2e", dest="pt2e", action="store_false", help="skip PyTorch's PT2E int8")
     p.add_argument("--stages", action="store_true", help="also print a per-stage breakdown of eager and ours")
     args = p.parse_args(argv)
-    if min(args.pooling) < 1 or args.held_out < 1 or args.fresh < 1:
-        p.error("--pooling, --held-out and --fresh take values >= 1")
-    if args.budget is not None and not args.budget > 0:
-        p.error("--budget takes seconds > 0")
+    if min(args.pooling) < 1:
+        p.error("--pooling takes values >= 1")
+    check_run_options(p, args)
     return args
 
 

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dlrm import PT2E, TORCHAO, Contender, Row, _built, ours, measure  # noqa: E402  (this folder's DLRM example)
+from dlrm import (PT2E, TORCHAO, Contender, Row, _built, add_run_options, check_run_options,  # noqa: E402
+                  measure, ours)  # (this folder's DLRM example)
 
 # MLPerf DLRMv2's 26 categorical features (Criteo 1TB, as its reference trains them): rows per table, and ids
 # per sample in its multi-hot data set.
@@ -223,32 +224,22 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--max-rows", type=int, default=None,
                    help="cap on a table's rows (default: 200,000 for dlrm, 1,000,000 for dcn)")
-    p.add_argument("--trials", type=int, default=8, help="configs per task (with --budget: at most)")
-    p.add_argument("--budget", type=float, default=None,
-                   help="seconds of tuning per tune_model call, spent where the model's time goes")
-    p.add_argument("--retune", action="store_true", help="tune tasks the shipped records cover, too")
-    p.add_argument("--log-dir", default="logs/local/torchrec")
-    p.add_argument("--held-out", type=int, default=2,
-                   help="validation batches (tune_model's contract decides on them) and as many test batches (the "
-                        "error column: no decision saw them)")
-    p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    add_run_options(p, "logs/local/torchrec")
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender and round")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
     p.add_argument("--no-pt2e", dest="pt2e", action="store_false", help="skip PyTorch's PT2E int8")
     p.add_argument("--no-ours", dest="ours", action="store_false", help="time the peers only")
     args = p.parse_args(argv)
-    if args.batch < 1 or args.held_out < 1 or args.fresh < 1 or (args.max_rows is not None and args.max_rows < 1):
-        p.error("--batch, --held-out, --fresh and --max-rows take values >= 1")
-    if args.budget is not None and not args.budget > 0:
-        p.error("--budget takes seconds > 0")
+    if args.batch < 1 or (args.max_rows is not None and args.max_rows < 1):
+        p.error("--batch and --max-rows take values >= 1")
+    check_run_options(p, args)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
     try:
-        import torchrec  # noqa: F401
+        import torchrec  # noqa: F401  (installed?)
     except ImportError as err:
         sys.exit(f"torchrec is not installed ({err}): `make tune EXAMPLE=torchrec` installs it, or pip install "
                  "--no-deps the pins of pyproject's `torchrec` extra")

@@ -172,3 +172,36 @@ def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, tmp_path, 
         other = batch(size, seed, most=6)
         with torch.inference_mode():
             torch.testing.assert_close(opt(*other), model(*other), rtol=1e-4, atol=1e-4)
+
+
+# ---- examples/torchrec_dlrm.py (no tuning: its `ours` rows are tune_model's, tested above) -----------------------
+def _example() -> Any:
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "examples"
+    sys.path.insert(0, str(folder))  # it imports its sibling, examples/dlrm.py
+    try:
+        spec = importlib.util.spec_from_file_location("torchrec_dlrm_example", folder / "torchrec_dlrm.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["torchrec_dlrm_example"] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module
+
+
+@pytest.mark.parametrize("kind", ["dlrm", "dcn"])
+def test_the_examples_models_take_mlperfs_tables_and_pooling_and_the_unpacked_peer_agrees(kind):
+    ex = _example()
+    model, rows = ex.build(kind, max_rows=64)
+    assert len(rows) == 26 and max(rows) == 64 and min(rows) == 3
+    dense, kjt = ex.make_batch(rows, ex.MODELS[kind]["pooling"], 8, seed=0)
+    assert kjt.values().numel() == 8 * (214 if kind == "dcn" else 26)
+    with torch.no_grad():
+        want = model(dense, kjt)
+        torch.testing.assert_close(ex.Unpacked(model)(dense, *ex.Unpacked.split(kjt, clone=True)), want,
+                                   rtol=0, atol=0)
+    with pytest.raises(SystemExit):
+        ex.parse(["--budget", "0"])
+    assert ex.parse(["--model", "dlrm", "--trials", "2"]).model == ["dlrm"]
