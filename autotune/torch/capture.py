@@ -9,8 +9,10 @@ the rules see a TorchRec model's bags, interaction and Linears as they see a pla
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
@@ -56,13 +58,37 @@ def capture(model: torch.nn.Module, example_inputs: Any) -> fx.GraphModule:
     with torch.no_grad():
         model(*args)  # the model's own error for bad inputs, not an export trace of it
     try:
-        ep = torch.export.export(model, args, dynamic_shapes=_dynamic(args))
+        with _quiet_about_kjt():
+            ep = torch.export.export(model, args, dynamic_shapes=_dynamic(args))
     except Exception as err:  # noqa: BLE001 -- any export failure: say so, keep the cause
         raise CaptureError(f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: "
                            f"{str(err).splitlines()[0] if str(err) else ''}") from err
     gm = ep.module()
     simplify(gm)
     return gm  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _quiet_about_kjt() -> Iterator[None]:
+    """TorchRec logs, on the root logger, that a KJT's `to_dict` is slow to export non-strict, once per feature
+    lookup it traces: true of the capture, which runs a few times per tune_model call, and nothing a user of the
+    rewritten model pays; so not said dozens of times."""
+    quiet = _DropMessage("non-strict torch.export KJT to_dict")
+    root = logging.getLogger()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 def simplify(gm: fx.GraphModule) -> None:
