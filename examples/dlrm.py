@@ -192,13 +192,15 @@ def ours(name: str, model: nn.Module, example: Batch, held_out: Sequence[Batch],
 
 
 def finer_than_int8(layers: Sequence[Any]) -> str:
-    """The report's layers finer than int8, in brief: Linears by name, tables counted ("bf16: top.2; fp16 rows: 26
-    tables; fp32: top.4, 2 tables"). The 16-bit rung runs tables in fp16 rows, Linears in bf16."""
-    parts = {"bf16": [], "fp16 rows": [], "fp32": []}
+    """The report's layers finer than int8, in brief: Linears by module, tables counted ("bf16: top.2, cross (x6);
+    fp16 rows: 26 tables; fp32: top.4, 2 tables"). The 16-bit rung runs tables in fp16 rows, Linears in bf16."""
+    parts: dict[str, list[str]] = {"bf16": [], "fp16 rows": [], "fp32": []}
     for precision in ("bf16", "fp32"):
         at = [layer for layer in layers if layer.precision == precision]
         tables = sum("table" in layer.what for layer in at)
-        parts[precision] += [layer.where.split(",")[0] for layer in at if "table" not in layer.what]
+        linears = [layer.where.split(",")[0] for layer in at if "table" not in layer.what]
+        parts[precision] += [f"{name} (x{linears.count(name)})" if linears.count(name) > 1 else name
+                             for name in dict.fromkeys(linears)]
         parts["fp16 rows" if precision == "bf16" else "fp32"] += [f"{tables} table{'s' * (tables > 1)}"] * bool(tables)
     return "; ".join(f"{label}: {', '.join(items)}" for label, items in parts.items() if items)
 
