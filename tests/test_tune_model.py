@@ -881,6 +881,18 @@ def test_a_budget_gives_the_next_batch_to_the_task_that_promises_the_model_most(
     assert all(n == BATCH for _, n in runs)
     for t in (light, heavy):
         assert t.measured == 2 * BATCH and t.batches == 2 and t.tuning_s > 0 and t.best_s <= t.first_s
+    # a second call over the same logs resumes: each log holds its first batch, so nothing is tuned
+    again = TuningSession("cpu", tmp_path, trials=2 * BATCH, shipped=False, progress=False, runner=pools,
+                          builder=pools, budget=600)
+    resumed = [TaskReport(key=t.key, fields=f, share=s) for t, f, s in zip(tasks, BAG_SHAPES, (0.1, 0.9))]
+    again.tasks += resumed
+    calls = len(pools.calls)
+    for t in resumed:
+        again._tune_task(t, BATCH)
+    again._schedule()
+    assert len(pools.calls) == calls and all(t.measured == 0 and t.resumed == 2 * BATCH for t in resumed)
+    with pytest.raises(ValueError, match="budget must be a number of seconds > 0, got '60'"):
+        TuningSession("cpu", tmp_path, trials=8, budget="60")
 
 
 def test_a_task_the_shipped_records_cover_is_not_tuned_unless_asked(tmp_path, monkeypatch):

@@ -74,8 +74,9 @@ class _Logs:
 class TuningSession:
     """The tasks of one model, tuned into `log_dir` for `device` (resuming), their best kernels exported to
     `log_dir/package` and loaded. Without a `budget`, each task gets `trials` configs; with one (seconds of
-    tuning, all of the session's batches together), the scheduler (`_schedule`) gives each new task a first batch, then each
-    next batch to the task whose tuning promises the model the most time per second, up to `trials` each.
+    tuning, all of the session's batches together), the scheduler (`_schedule`) fills each new task's log to a
+    first batch, then gives each next batch to the task whose tuning promises the model the most time per second,
+    up to `trials` each; a call whose tasks' logs hold their first batches already tunes nothing (resume).
     A task that the shipped records of this CPU kind cover (the same workload and template version: measured
     already) is not tuned unless `retune`. `runner`: "local", "rpc://HOST:PORT/KEY", "offline:DIR" or a Runner
     (closed by its owner, not here); `builder`: a Builder (likewise), else one pool."""
@@ -87,7 +88,7 @@ class TuningSession:
         from ..targets import resolve
 
         self.local = runner_kind(runner) == "local" if isinstance(runner, str) else False  # checked before work
-        if budget is not None and not budget > 0:
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
             raise ValueError(f"tune_model: budget must be a number of seconds > 0, got {budget!r}")
         self.device = resolve(device)
         self.log_dir = Path(log_dir)
@@ -164,7 +165,7 @@ class TuningSession:
         try:
             for t in bar:
                 bar.set_postfix_str(t.op)
-                self._tune_task(t, self.trials if self.budget is None else BATCH)
+                self._tune_task(t, self.trials if self.budget is None else min(BATCH, self.trials))
         finally:
             bar.close()
         if self.budget is not None:
@@ -196,10 +197,10 @@ class TuningSession:
 
         return make_task(t.op, self.device, **t.fields)
 
-    def _tune_task(self, t: TaskReport, more: int) -> None:
-        """Tune one task by up to `more` configs (resuming: a task whose log holds `trials` is not tuned; one
-        batch of the scheduler's), then pick its best record. A task the shipped records cover is picked from
-        them, not tuned (unless `retune`)."""
+    def _tune_task(self, t: TaskReport, upto: int) -> None:
+        """Tune one task until its log holds `upto` configs (resuming: `trials`, or a batch of the scheduler's),
+        then pick its best record. A task the shipped records cover is picked from them, not tuned (unless
+        `retune`)."""
         from ..measure import require_local_device
         from ..tuner import tune
 
@@ -213,7 +214,7 @@ class TuningSession:
                 t.shipped = covered.resumed(task)
                 self._pick(t, task)
                 return
-        more = min(more, self.trials - in_log, len(task.space) - in_log)
+        more = min(upto, self.trials, len(task.space)) - in_log
         if more > 0:
             start = time.monotonic()
             try:
@@ -248,7 +249,7 @@ class TuningSession:
             if best is None or rates[best.key] <= 0.0:
                 return
             before = best.measured
-            self._tune_task(best, BATCH)
+            self._tune_task(best, best.resumed + best.measured + BATCH)
             if best.measured == before:  # nothing left to measure, or it failed
                 self._done.add(best.key)
 
