@@ -91,7 +91,8 @@ class TuneModelReport:
 
     def __str__(self) -> str:
         spent = sum(t.tuning_s for t in self.tasks)
-        budget = f" of a {self.budget_s:.0f} s budget" if self.budget_s is not None else ""
+        budget = "" if self.budget_s is None else f" of a {self.budget_s:.0f} s budget" + (
+            " (each task's first batch is given whatever is left)" if spent > self.budget_s else "")
         lines = [f"tune_model: {len(self.tasks)} tasks ({self.measured} trials measured in {spent:.0f} s{budget}), "
                  f"{len(self.replaced)} replaced, {len(self.kept)} kept" + (f": {self.note}" if self.note else "")]
         if self.tasks:
