@@ -520,6 +520,67 @@ def test_an_mlp_becomes_one_int8_chain_whose_activations_stay_int8():
     assert (got - want).abs().max() <= 0.05 * want.abs().max()  # int8 error through three layers
 
 
+class LowRankCross(nn.Module):
+    """DCNv2's low-rank cross net as TorchRec's LowRankCrossNet writes it: bias-free V and W products, then
+    `x0 * (y + b) + x`."""
+
+    def __init__(self, n=96, rank=32, layers=2):
+        super().__init__()
+        self.V = nn.ParameterList([nn.Parameter(torch.randn(rank, n) / n ** 0.5) for _ in range(layers)])
+        self.W = nn.ParameterList([nn.Parameter(torch.randn(n, rank) / rank ** 0.5) for _ in range(layers)])
+        self.bias = nn.ParameterList([nn.Parameter(torch.randn(n) * 0.1) for _ in range(layers)])
+
+    def forward(self, x0):
+        x = x0
+        for v, w, b in zip(self.V, self.W, self.bias):
+            x = x0 * (F.linear(F.linear(x, v), w) + b) + x
+        return x
+
+
+class CrossWithLinears(nn.Module):
+    """The same cross layer written with nn.Linear (the bias in the second) and the operands the other way round:
+    `x + (W V x) * x0`."""
+
+    def __init__(self, n=64, rank=32):
+        super().__init__()
+        self.v, self.w = nn.Linear(n, rank, bias=False), nn.Linear(rank, n)
+
+    def forward(self, x0):
+        return x0 + self.w(self.v(x0)) * x0
+
+
+@pytest.mark.parametrize("model, n, bias_add", [(LowRankCross(), 96, True), (CrossWithLinears(), 64, False)])
+def test_a_dcn_cross_layer_ends_its_int8_chain_in_qmatmul_cross(model, n, bias_add):
+    """Each cross layer's V -> W chain ends in qmatmul_cross, the tail (bias, product with x0, residual) its
+    epilogue: no elementwise op of the tail is left in the graph; a second layer reads the first's output."""
+    args = (torch.randn(16, n),)
+    gm = capture(model, args)
+    matches, _ = run_rule(gm, args, "qmatmul")
+    layers = len(getattr(model, "V", [None]))
+    assert len(matches) == layers and all("qmatmul_cross" in m.what for m in matches)
+    assert [[op for op, _ in m.tasks] for m in matches] == [["quantize_rows", "qmatmul_requant", "qmatmul_cross"]] * layers
+    assert all(dict(m.tasks[-1][1])["bias"] for m in matches)
+    assert targets(gm).isdisjoint({aten.add.Tensor, aten.mul.Tensor, aten.linear.default})
+    got, want = gm(*args), model(*args)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+def test_a_tail_whose_parts_are_read_elsewhere_is_left_to_eager():
+    """`y + b` also returned: the chain ends in plain qmatmul and the tail stays (its intermediate is needed)."""
+
+    class Leaky(LowRankCross):
+        def forward(self, x0):
+            y = F.linear(F.linear(x0, self.V[0]), self.W[0]) + self.bias[0]
+            return x0 * y + x0, y
+
+    model = Leaky(layers=1)
+    args = (torch.randn(16, 96),)
+    gm = capture(model, args)
+    matches, _ = run_rule(gm, args, "qmatmul")
+    assert len(matches) == 1 and "qmatmul_cross" not in matches[0].what
+    assert aten.mul.Tensor in targets(gm)
+
+
 class Unbalanced(nn.Module):
     """A few input columns hundreds of times the others (as in DLRM's interaction output: dot products of pooled
     rows beside the dense features), then a hidden layer with a few such channels too, each feeding an int8

@@ -95,7 +95,10 @@ def simplify(gm: fx.GraphModule) -> None:
     """Take out, in place, what computes nothing: metadata asserts (`aten._assert_tensor_metadata`), casts to
     the dtype and device a tensor already has (`aten.to`, which then returns its input), and a split of a cat
     along the same dim at the cat's own sizes (TorchRec's KeyedTensor: the pooled embeddings cat'ed, then split
-    again by key); the values are the model's, bit for bit."""
+    again by key), slices of a whole dim, and a cat of a tensor's rows' blocks in their order (`cat([select(view(x, [B, T, D]), 1, k)
+    for k in range(T)], 1)`, x (B, T*D): what the table-batched launch's per-table outputs become in TorchRec's
+    KeyedTensor) by x; the values are the model's, bit for bit. Run on every capture, and again after each rule
+    that rewrote something (graph.rewrite)."""
     graph = gm.graph
     for n in list(graph.nodes):
         if n.op != "call_function":
@@ -104,6 +107,10 @@ def simplify(gm: fx.GraphModule) -> None:
             graph.erase_node(n)
         elif _same_tensor_cast(n):
             n.replace_all_uses_with(n.args[0])
+        elif _whole_slice(n):
+            n.replace_all_uses_with(n.args[0])
+        elif (whole := _rejoined(n)) is not None:
+            n.replace_all_uses_with(whole)
         else:
             parts = _split_of_cat(n)
             if parts is not None:
@@ -160,6 +167,42 @@ def _split_of_cat(n: fx.Node) -> list[Any] | None:
     if not all(u.target is operator.getitem and isinstance(u.args[1], int) for u in n.users):
         return None
     return pieces
+
+
+def _whole_slice(n: fx.Node) -> bool:
+    """`aten.slice` of a whole dim, step 1 (`x[:, k]` exports as one before its select): its input itself."""
+    if n.target is not torch.ops.aten.slice.Tensor or n.kwargs:
+        return False
+    dim, start, end, step = (list(n.args[1:]) + [0, None, None, 1][len(n.args) - 1:])[:4]
+    src = _val(n.args[0])
+    if not isinstance(src, torch.Tensor) or not isinstance(dim, int) or start not in (0, None) or step != 1:
+        return False
+    size = src.shape[dim]
+    return end is None or (isinstance(end, int) and (end >= 2 ** 62 or (isinstance(size, int) and end >= size)))
+
+
+def _rejoined(n: fx.Node) -> fx.Node | None:
+    """x where `n` is `cat([select(v, 1, 0), ..., select(v, 1, T - 1)], 1)` over v = view(x, [B, T, D]) of a
+    contiguous (B, T*D) x: the blocks of x's rows put back in their order, a copy of x."""
+    aten = torch.ops.aten
+    if n.target is not aten.cat.default or (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) != 1:
+        return None
+    pieces = list(n.args[0])
+    v = pieces[0].args[0] if pieces and isinstance(pieces[0], fx.Node) and pieces[0].args else None
+    if not isinstance(v, fx.Node) or v.target is not aten.view.default:
+        return None
+    if any(not (isinstance(p, fx.Node) and p.target is aten.select.int and p.args == (v, 1, k))
+           for k, p in enumerate(pieces)):
+        return None
+    x, vv = v.args[0], _val(v)
+    xv = _val(x)
+    if not (isinstance(xv, torch.Tensor) and isinstance(vv, torch.Tensor) and vv.dim() == 3 and xv.dim() == 2):
+        return None
+    t, d = vv.shape[1], vv.shape[2]
+    if not (isinstance(t, int) and isinstance(d, int) and t == len(pieces) and xv.shape[1] == t * d
+            and xv.is_contiguous()):
+        return None
+    return x
 
 
 def flat_inputs(gm: fx.GraphModule, example_inputs: Any) -> list[Any]:

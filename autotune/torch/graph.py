@@ -39,7 +39,7 @@ from torch.utils import _pytree as pytree
 from search_spaces.template import PRECISIONS, GraphMatch, GraphRule, Kept, Reduced
 
 from . import speed as _speed
-from .capture import CaptureError, capture, flat_inputs, module_path
+from .capture import CaptureError, capture, flat_inputs, module_path, simplify
 from .speed import SpeedCheck
 
 __all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "SpeedCheck", "capture", "discover",
@@ -267,7 +267,7 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
                   ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite,
                   speed: SpeedCheck | None, floors: Mapping[str, str], timing_inputs: Sequence[Any]) -> None:
     values = example_values(gm, example_inputs)
-    attrs = _attr_names(gm)
+    attrs, replaced_before = _attr_names(gm), len(out.replaced)
     pending: list[_Pending] = []
     for found in _find(rule, gm, values, set(claimed), floors):
         if isinstance(found, Kept):
@@ -305,6 +305,8 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
             out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err, *times, p.match.reduced))
     gm.graph.eliminate_dead_code(is_impure_node=_impure)
     _drop_unused_attrs(gm, attrs)
+    if len(out.replaced) > replaced_before:
+        simplify(gm)  # what a rewrite left to look through (the batched launch's per-table views re-joined)
     gm.graph.lint()
     gm.recompile()
 

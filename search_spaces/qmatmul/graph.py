@@ -26,6 +26,10 @@ A chain layer whose input is the previous layer's ReLU output takes it as uint8 
 uint8 mode, the requant epilogue's out_qmax 255) on CPUs with VNNI: all 256 levels for values a ReLU leaves >= 0,
 where symmetric int8 has 128, at no cost (VNNI multiplies u8 x s8; int8 activations pay a +128 offset there).
 
+A chain whose last layer (no ReLU) is followed by DCNv2's cross tail, `x0 * (y + b) + x` (TorchRec's
+LowRankCrossNet), ends with qmatmul_cross on CPUs: the tail is the last kernel's epilogue
+(qmatmul_cross/graph.py says what it matches).
+
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
 per instruction of the exact 8-bit path. Elsewhere (VNNI, GPUs) they use all 8.
@@ -43,6 +47,7 @@ import torch
 from .. import get as template
 from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
                       tensor_value, where, workload_error)
+from ..qmatmul_cross.graph import CrossTail, cross_tail
 from ..quantize_rows.workload import quantize_rows
 from ..template import GraphMatch, GraphRule, Kept, Reduced
 from .workload import UNSIGNED_QMAX, a_range, quantize_unsigned_rows
@@ -51,6 +56,7 @@ __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
 
 aten = torch.ops.aten
 RULE = "qmatmul"
+CROSS = "qmatmul_cross"
 RELUS = (aten.relu.default, aten.relu_.default)
 # Below these, int8 gains nothing: the layer is a few FLOPs per row (DLRM's 13-feature input layer, its 1-wide
 # output layer) and per-row quantization plus a second kernel launch cost more than the fp32 GEMM saves; int8 on
@@ -237,21 +243,27 @@ def _settled(gm: Any, values: dict[str, Any], chain: list[_Layer]) -> list[_Laye
     return out
 
 
-def _plan(chain: list[_Layer]) -> list[tuple[str, dict[str, Any]]]:
-    """(op, workload fields) per layer: qmatmul_requant quantizing for the next layer, qmatmul for the last."""
+def _plan(chain: list[_Layer], tail: CrossTail | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(op, workload fields) per layer: qmatmul_requant quantizing for the next layer, qmatmul for the last
+    (qmatmul_cross where a cross tail follows it: its bias is the layer's, the tail's or their sum)."""
     plan = []
     for layer, nxt in zip(chain, chain[1:]):
         plan.append(("qmatmul_requant",
                      layer.fields(UNSIGNED_QMAX if nxt.unsigned else a_range(nxt.a_bits)[1])))
-    plan.append((RULE, chain[-1].fields()))
+    if tail is None:
+        plan.append((RULE, chain[-1].fields()))
+    else:
+        plan.append((CROSS, {**chain[-1].fields(), "bias": chain[-1].bias or tail.bias is not None}))
     return plan
 
 
-def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any:
+def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]], tail: CrossTail | None = None) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
         first = chain[0]
         biases = [scalar_arg(layer.linear, 2, "bias", None) for layer in chain]
-        with gm.graph.inserting_before(insertion_point(gm, [first.linear.args[0], *biases], [chain[-1].out])):
+        reads = [first.linear.args[0], *biases] + ([tail.bias, tail.x0, tail.x] if tail is not None else [])
+        ends = [chain[-1].out] if tail is None else [tail.out]
+        with gm.graph.inserting_before(insertion_point(gm, [r for r in reads if r is not None], ends)):
             x = first.linear.args[0]
             if first.small:  # weight-only head: float32 in, no a_scale
                 a, a_scale = x, None
@@ -286,6 +298,11 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
                 if op == RULE:
                     out = gm.graph.call_function(torch.ops.autotune.qmatmul.default, args)
                     layer_new = [wq_node, scale_node, out]
+                elif op == CROSS:
+                    out = gm.graph.call_function(torch.ops.autotune.qmatmul_cross.default,
+                                                 (a, wq_node, a_scale, scale_node, _cross_bias(gm, b, tail), tail.x0,
+                                                  tail.x, fields["a_bits"]))
+                    layer_new = [wq_node, scale_node, out]
                 else:
                     qs = gm.graph.call_function(torch.ops.autotune.qmatmul_requant.default,
                                                 (*args, fields["out_qmax"]))
@@ -297,6 +314,14 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]]) -> Any
         return (out,)
 
     return replace
+
+
+def _cross_bias(gm: Any, linear_bias: Any, tail: CrossTail) -> Any:
+    """The bias node of qmatmul_cross: the Linear's, the tail's, or their sum registered once."""
+    if linear_bias is None or tail.bias is None:
+        return linear_bias if tail.bias is None else tail.bias
+    total = attr(gm, linear_bias.target).detach() + attr(gm, tail.bias.target).detach()
+    return register(gm, "autotune_cross_bias", total.contiguous())
 
 
 def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
@@ -344,13 +369,16 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if id(layer) not in chained:
             yield Kept(RULE, where(layer.nodes), layer.small)
     for chain in (_settled(gm, values, c) for c in chains):
-        nodes = [node for layer in chain for node in layer.nodes]
+        last = chain[-1]
+        tail = (cross_tail(gm, values, last.out, (last.m, last.n))
+                if on_cpu and last.relu is None and not last.small and has_op(CROSS) else None)
+        nodes = [node for layer in chain for node in layer.nodes] + list(tail.nodes if tail else ())
         ops = ["quantize_rows"] * (not chain[0].small) + ["qmatmul_requant"] * (len(chain) > 1) + [RULE]
         missing = [op for op in ops if not has_op(op)]
         if missing:
             yield Kept(RULE, where(nodes), f"torch.ops.autotune.{missing[0]} is not registered (import autotune.torch)")
             continue
-        plan = _plan(chain)  # ops by name, as tasks name them (qmatmul_requant builds on qmatmul: never imported)
+        plan = _plan(chain, tail)  # ops by name, as tasks name them (qmatmul_requant builds on qmatmul: never imported)
         why = next((f"{layer.what()}: {e}" for layer, (op, fields) in zip(chain, plan)
                     if (e := workload_error(template(op).Workload, fields))), "")
         if why:
@@ -362,10 +390,12 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         tasks = (tasks if not chain[0].small else []) + plan
         ref = tensor_value(gm, values, chain[-1].out)
         scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
+        if tail is not None:  # the tail multiplies the product's error by x0
+            scale *= float(tensor_value(gm, values, tail.x0).abs().max())
         bits = chain[-1].a_bits
         yield GraphMatch(
-            rule=RULE, nodes=tuple(nodes), outputs=(chain[-1].out,), tasks=tuple(tasks),
-            replace=_replace(chain, plan), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
+            rule=RULE, nodes=tuple(nodes), outputs=(tail.out if tail else chain[-1].out,), tasks=tuple(tasks),
+            replace=_replace(chain, plan, tail), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
             reduced=_reduced(chain),
             what=" -> ".join(layer.what() for layer in chain) + " -> "
                  + ("quantize_rows + " if not chain[0].small else "")
@@ -376,7 +406,8 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
                  + (" (7-bit activations)" if bits == 7 else "")
                  + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
                     if any(layer.smooth is not None for layer in chain) else "")
-                 + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else ""))
+                 + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else "")
+                 + (" (DCN cross tail fused: qmatmul_cross)" if tail else ""))
 
 
 RULES = (GraphRule(RULE, find, quantizes=True),)

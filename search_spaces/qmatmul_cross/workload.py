@@ -1,0 +1,88 @@
+"""qmatmul_cross's workload and semantics: qmatmul's (qmatmul/workload.py), then DCNv2's cross-layer tail.
+
+    y = x0 * qmatmul(a, weight, a_scale, w_scale, bias) + x            (float32, M x N)
+
+x0 and x are float32 (M, N): the cross network's input and the layer's input. In DCNv2's low-rank cross layer
+`x_{l+1} = x0 * (W (V x_l) + b) + x_l` (Wang et al., 2021; TorchRec's LowRankCrossNet, MLPerf's DLRMv2) this is
+the W product with everything after it. No ReLU (the cross layer has none), no weight-only mode (the cross
+layer's W reads the V layer's int8 output). No tvm import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..qmatmul import workload as _qmatmul
+from ..template import Traffic, WorkloadError
+
+__all__ = ["Workload", "baselines", "cross", "inputs", "kernel_args", "reference", "tolerance", "traffic"]
+
+
+@dataclass(frozen=True)
+class Workload(_qmatmul.Workload):
+    """qmatmul's fields; int8 or uint8 activations, no ReLU."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mode == "weight_only":
+            raise WorkloadError("qmatmul_cross takes int8 or uint8 activations (mode=int8 or uint8), not weight_only")
+        if self.relu:
+            raise WorkloadError("qmatmul_cross has no ReLU: the cross layer's tail follows the product directly")
+
+
+def cross(y: Any, x0: Any, x: Any) -> Any:
+    """The cross layer's tail on the product y (bias included): x0 * y + x."""
+    return x0 * y + x
+
+
+def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
+    """qmatmul's (A, W, a_scale, w_scale[, bias]), then x0 and x: float32 (M, N)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    return (*_qmatmul.inputs(w, seed), torch.randn(w.m, w.n, generator=g), torch.randn(w.m, w.n, generator=g))
+
+
+def reference(w: Workload, *tensors: Any) -> Any:
+    *operands, x0, x = tensors
+    return cross(_qmatmul.reference(w, *operands), x0, x)
+
+
+def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
+    """What eager PyTorch runs: qmatmul's PyTorch paths (not fbgemm's, whose output is requantized to one scale),
+    then the tail as its own elementwise ops."""
+    *operands, x0, x = tensors
+    out: dict[str, Callable[[], Any]] = {"torch eager": lambda: reference(w, *tensors)}
+    for name, f in _qmatmul.baselines(w, *operands).items():
+        if "fbgemm" not in name:
+            out[f"{name} + cross tail"] = lambda f=f: cross(f(), x0, x)
+    return out
+
+
+def kernel_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any
+                ) -> tuple[list[Any], Any]:
+    """(A, *packed, a_scale, w_scale, bias?, X0, X, Y) for the padded `dims` (x0, x zero-padded like A where the
+    shape is not whole tiles), and the (M, N) output the caller gets."""
+    *operands, x0, x = tensors
+    mp, _, np_ = dims
+    pad = (0, np_ - w.n, 0, mp - w.m)
+    tails = [x0, x] if not any(pad) else [_pad(t, pad) for t in (x0, x)]
+    args, out = _qmatmul.padded_args(w, dims, packed, *operands)
+    return [*args[:-1], *tails, args[-1]], out
+
+
+def _pad(t: Any, widths: tuple[int, ...]) -> Any:
+    import torch
+
+    return torch.nn.functional.pad(t, widths)
+
+
+def traffic(w: Workload, *tensors: Any) -> Traffic:
+    """qmatmul's, with x0 and x read."""
+    t = _qmatmul.traffic(w, *tensors)
+    return Traffic(bytes=t.bytes + 2 * w.m * w.n * 4, ops=t.ops + 2.0 * w.m * w.n, unit=t.unit)
+
+
+def tolerance(w: Workload) -> tuple[float, float]:
+    return _qmatmul.tolerance(w)
