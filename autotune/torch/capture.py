@@ -95,10 +95,10 @@ def simplify(gm: fx.GraphModule) -> None:
     """Take out, in place, what computes nothing: metadata asserts (`aten._assert_tensor_metadata`), casts to
     the dtype and device a tensor already has (`aten.to`, which then returns its input), and a split of a cat
     along the same dim at the cat's own sizes (TorchRec's KeyedTensor: the pooled embeddings cat'ed, then split
-    again by key), slices of a whole dim, and a cat of a tensor's rows' blocks in their order (`cat([select(view(x, [B, T, D]), 1, k)
-    for k in range(T)], 1)`, x (B, T*D): what the table-batched launch's per-table outputs become in TorchRec's
-    KeyedTensor) by x; the values are the model's, bit for bit. Run on every capture, and again after each rule
-    that rewrote something (graph.rewrite)."""
+    again by key), slices of a whole dim, and a cat of a tensor's row blocks in their order (`cat([select(v, 1, k)
+    for k in range(T)], 1)` of v (B, T, D): what the table-batched launch's per-table outputs become in TorchRec's
+    KeyedTensor) by v reshaped to (B, T*D); the values are the model's, bit for bit. Run on every capture, and
+    again after each rule that rewrote something (graph.rewrite)."""
     graph = gm.graph
     for n in list(graph.nodes):
         if n.op != "call_function":
@@ -109,9 +109,7 @@ def simplify(gm: fx.GraphModule) -> None:
             n.replace_all_uses_with(n.args[0])
         elif _whole_slice(n):
             n.replace_all_uses_with(n.args[0])
-        elif (whole := _rejoined(n)) is not None:
-            n.replace_all_uses_with(whole)
-        else:
+        elif not _rejoined(n):  # (which replaces n itself where it applies)
             parts = _split_of_cat(n)
             if parts is not None:
                 for user in list(n.users):
@@ -181,28 +179,29 @@ def _whole_slice(n: fx.Node) -> bool:
     return end is None or (isinstance(end, int) and (end >= 2 ** 62 or (isinstance(size, int) and end >= size)))
 
 
-def _rejoined(n: fx.Node) -> fx.Node | None:
-    """x where `n` is `cat([select(v, 1, 0), ..., select(v, 1, T - 1)], 1)` over v = view(x, [B, T, D]) of a
-    contiguous (B, T*D) x: the blocks of x's rows put back in their order, a copy of x."""
+def _rejoined(n: fx.Node) -> bool:
+    """Replace `n` by `reshape(v, [-1, T*D])` where it is `cat([select(v, 1, 0), ..., select(v, 1, T - 1)], 1)`
+    over v = view(x, [..., T, D]): the blocks of v's rows put back in their order, the same values (a view where
+    v's rows are contiguous, no copy). Reads the view's own shape argument: nodes a rule added carry no meta."""
     aten = torch.ops.aten
     if n.target is not aten.cat.default or (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) != 1:
-        return None
+        return False
     pieces = list(n.args[0])
     v = pieces[0].args[0] if pieces and isinstance(pieces[0], fx.Node) and pieces[0].args else None
-    if not isinstance(v, fx.Node) or v.target is not aten.view.default:
-        return None
-    if any(not (isinstance(p, fx.Node) and p.target is aten.select.int and p.args == (v, 1, k))
-           for k, p in enumerate(pieces)):
-        return None
-    x, vv = v.args[0], _val(v)
-    xv = _val(x)
-    if not (isinstance(xv, torch.Tensor) and isinstance(vv, torch.Tensor) and vv.dim() == 3 and xv.dim() == 2):
-        return None
-    t, d = vv.shape[1], vv.shape[2]
-    if not (isinstance(t, int) and isinstance(d, int) and t == len(pieces) and xv.shape[1] == t * d
-            and xv.is_contiguous()):
-        return None
-    return x
+    if not isinstance(v, fx.Node) or v.target is not aten.view.default or len(v.args) < 2:
+        return False
+    shape = list(v.args[1])
+    if len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape[1:]):
+        return False
+    t, d = shape[1], shape[2]
+    if t != len(pieces) or any(not (isinstance(p, fx.Node) and p.target is aten.select.int and p.args == (v, 1, k))
+                               for k, p in enumerate(pieces)):
+        return False
+    with n.graph.inserting_before(n):
+        whole = n.graph.call_function(aten.reshape.default, (v, [-1, t * d]))
+    whole.meta.update({k: n.meta[k] for k in ("val", "nn_module_stack") if k in n.meta})
+    n.replace_all_uses_with(whole)
+    return True
 
 
 def flat_inputs(gm: fx.GraphModule, example_inputs: Any) -> list[Any]:
