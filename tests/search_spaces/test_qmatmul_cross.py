@@ -30,7 +30,7 @@ def test_matches_the_reference_for_default_random_and_every_intrinsic(shape):
     tensors = qc.inputs(task.workload, seed=1)
     exp = expected(qc, task.workload, *tensors)
     rng = random.Random(len(shape))
-    configs = [task.space.default()] + [task.space.sample(rng) for _ in range(3)]
+    configs = [task.space.default(), task.space.sample(rng)]
     for intrin in ("vnni", "amx", "avx2", "none"):  # each inner kernel the CPU has
         configs += [c for c in task.space if c.as_dict()["intrinsic"] == intrin][:1]
     for cfg in dict.fromkeys(configs):
