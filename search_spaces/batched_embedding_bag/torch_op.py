@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import random
 from itertools import accumulate
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._torch_checks import need, same_device_contiguous
@@ -260,58 +259,65 @@ Case = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
 def _tables(w: Workload, sizes: np.ndarray, seed: int, rows: Sequence[int] | None = None, last: bool = False,
-            offsets_dtype: str | None = None) -> list[Any]:
-    """(weight, table_offsets, indices, offsets) of per-table bags of `sizes` (T, B) over w's tables (or `rows`)."""
-    rows = w.rows if rows is None else rows
+            offsets_dtype: str | None = None, weights: dict[tuple[int, ...], Any] | None = None) -> list[Any]:
+    """(weight, table_offsets, indices, offsets) of per-table bags of `sizes` (T, B) over w's tables (or `rows`);
+    `weights` caches the concatenated tables by their rows (cases share them: MLPerf's tables are GBs)."""
+    rows = tuple(w.rows if rows is None else rows)
     rng = np.random.default_rng(seed)
     idt, odt = getattr(torch, w.index_dtype), getattr(torch, offsets_dtype or w.index_dtype)
     indices = [torch.from_numpy(row_indices(r, int(s.sum()), w.distribution, w.zipf_exponent, rng)).to(idt)
                for r, s in zip(rows, sizes)]
     offsets = [torch.from_numpy(boundaries(s)[:len(s) + int(last)]).to(odt) for s in sizes]
-    weight = table(sum(rows), w.dim, w.dtype, seed)
-    return [weight, torch.from_numpy(boundaries(rows)), indices, offsets]
+    weights = {} if weights is None else weights
+    if rows not in weights:
+        weights[rows] = table(sum(rows), w.dim, w.dtype, seed)
+    return [weights[rows], torch.from_numpy(boundaries(rows)), indices, offsets]
 
 
 def _call(w: Workload, name: str, tensors: Sequence[Any], last: bool = False) -> Case:
     return name, tuple(tensors), {"mode": w.mode, "include_last_offset": last}
 
 
-def cases(w: Workload, seed: int, count: int) -> Iterable[Case]:
+def cases(w: Workload, seed: int, count: int) -> Iterator[Case]:
     """The tuned batch, batches 1, one past it and above twice it, include_last_offset, empty bags (first, last,
     every third), every table's largest index and index 0, one bag far longer than the tuned pooling, other table
-    sizes, and `count` random batches."""
+    sizes, and `count` random batches. Made one at a time as they are asked for, over tables of the workload's
+    rows (and of 7 more) made once: a case list of its own tables each held MLPerf's 3.6 GB of float32 rows per
+    case."""
     rng = np.random.default_rng(seed)
     hi, tables = max(1, w.pooling[1]), w.tables
+    weights: dict[tuple[int, ...], Any] = {}
 
     def sizes(batch: int, lo: int = 1) -> np.ndarray:
         return rng.integers(lo, hi + 1, size=(tables, batch))
 
-    out = [_call(w, f"tuned batch {w.batch}", _tables(w, sizes(w.batch, w.pooling[0]), seed))]
+    def call(name: str, sizes: np.ndarray, seed: int, last: bool = False, **kw: Any) -> Case:
+        return _call(w, name, _tables(w, sizes, seed, last=last, weights=weights, **kw), last)
+
+    yield call(f"tuned batch {w.batch}", sizes(w.batch, w.pooling[0]), seed)
     for i, batch in enumerate(dict.fromkeys([1, w.batch + 1, 2 * w.batch + 3])):
-        out.append(_call(w, f"batch {batch}", _tables(w, sizes(batch), seed + 1 + i)))
-    out.append(_call(w, "include_last_offset", _tables(w, sizes(w.batch, w.pooling[0]), seed + 4, last=True), True))
-    bags = max(w.batch, 4)
-    empty = sizes(bags)
+        yield call(f"batch {batch}", sizes(batch), seed + 1 + i)
+    yield call("include_last_offset", sizes(w.batch, w.pooling[0]), seed + 4, last=True)
+    empty = sizes(max(w.batch, 4))
     empty[:, ::3] = 0
     empty[:, -1] = 0
-    out.append(_call(w, "empty bags (first, last, every third)", _tables(w, empty, seed + 5)))
-    edge = _tables(w, sizes(w.batch), seed + 6)
+    yield call("empty bags (first, last, every third)", empty, seed + 5)
+    name, edge, kwargs = call("every table's largest index and index 0", sizes(w.batch), seed + 6)
     for i, r in zip(edge[2], w.rows):
         i[0], i[-1] = 0, r - 1
-    out.append(_call(w, "every table's largest index and index 0", edge))
+    yield name, edge, kwargs
     long = sizes(w.batch)
     long[:, 0] = 4 * hi + 1
-    out.append(_call(w, f"one bag of {4 * hi + 1} indices per table", _tables(w, long, seed + 7)))
-    out.append(_call(w, "tables of 7 rows more", _tables(w, sizes(w.batch), seed + 8, rows=[r + 7 for r in w.rows])))
+    yield call(f"one bag of {4 * hi + 1} indices per table", long, seed + 7)
+    yield call("tables of 7 rows more", sizes(w.batch), seed + 8, rows=[r + 7 for r in w.rows])
     if w.index_dtype == "int32":
-        out.append(_call(w, "int64 offsets", _tables(w, sizes(w.batch), seed + 9, offsets_dtype="int64")))
+        yield call("int64 offsets", sizes(w.batch), seed + 9, offsets_dtype="int64")
     pick = random.Random(seed)
     for i in range(count):
         batch = pick.randint(1, 2 * w.batch + 8)
         ragged = rng.integers(w.pooling[0], w.pooling[1] + 1, size=(tables, batch))
         ragged[:, pick.randrange(batch)] = hi  # at least one index: an all-empty call is PyTorch's by design
-        out.append(_call(w, f"random batch {batch} (seed {seed + 10 + i})", _tables(w, ragged, seed + 10 + i)))
-    return out
+        yield call(f"random batch {batch} (seed {seed + 10 + i})", ragged, seed + 10 + i)
 
 
 # ---- autograd: PyTorch's embedding_bag backward, once over the concatenated weight ----------------------------

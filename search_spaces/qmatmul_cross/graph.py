@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._graph import attr, is_call, sole_user, tensor_value
+from .._graph import attr, sole_user, tensor_value
 
 __all__ = ["CrossTail", "cross_tail"]
 

@@ -466,3 +466,16 @@ def test_concat_tables_is_a_cat_into_one_buffer_aligned_for_huge_pages():
         assert fused.data_ptr() % HUGE_PAGE == 0  # its pages can be 2 MB ones where the kernel allows them
     small = concat_tables([torch.ones(3, 4), torch.zeros(2, 4)])  # below it: a plain cat
     assert torch.equal(small, torch.cat([torch.ones(3, 4), torch.zeros(2, 4)]))
+
+
+def test_check_cases_are_made_one_at_a_time_over_tables_made_once():
+    """`autotune check`'s cases of a batched kernel: a generator, every case of the workload's rows on one
+    concatenated table (MLPerf's tables are 3.6 GB of float32: a table per case ran a 24 GB machine out of
+    memory), the case of 7 more rows per table on a second one."""
+    from search_spaces.batched_embedding_bag.torch_op import cases
+
+    w = tbe.Workload(**SMALL)
+    made = cases(w, seed=3, count=2)
+    assert iter(made) is made  # lazy
+    weights = {id(args[0]): args[0].shape[0] for _, args, _ in made}
+    assert sorted(weights.values()) == [sum(w.rows), sum(w.rows) + 7 * w.tables]
