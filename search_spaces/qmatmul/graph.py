@@ -28,7 +28,7 @@ where symmetric int8 has 128, at no cost (VNNI multiplies u8 x s8; int8 activati
 
 A chain whose last layer (no ReLU) is followed by DCNv2's cross tail, `x0 * (y + b) + x` (TorchRec's
 LowRankCrossNet), ends with qmatmul_cross on CPUs: the tail is the last kernel's epilogue
-(qmatmul_cross/graph.py says what it matches).
+(cross_tail.py says what it matches).
 
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
@@ -47,9 +47,9 @@ import torch
 from .. import get as template
 from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
                       tensor_value, where, workload_error)
-from ..qmatmul_cross.graph import CrossTail, cross_tail
 from ..quantize_rows.workload import quantize_rows
 from ..template import GraphMatch, GraphRule, Kept, Reduced
+from .cross_tail import CrossTail, cross_tail
 from .workload import UNSIGNED_QMAX, a_range, quantize_unsigned_rows
 
 __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]

@@ -3,8 +3,9 @@
 TorchRec's LowRankCrossNet (MLPerf's DLRMv2) writes `x_l = x_0 * (x_l_w + self.bias[layer]) + x_l` after a
 bias-free `linear`: `add(y, b)` with b a float32 (N,) parameter, `mul(x0, .)` and `add(., x)` with x0 and x
 (M, N) float32 tensors, each step the previous one's only user, in either operand order. A Linear with its own
-bias followed by `x0 * y + x` is the same tail without the add. qmatmul's chain rule (qmatmul/graph.py) asks
-`cross_tail` about a chain's last layer and, where one follows, ends the chain with qmatmul_cross.
+bias followed by `x0 * y + x` is the same tail without the add. qmatmul's chain rule (graph.py) asks
+`cross_tail` about a chain's last layer and, where one follows, ends the chain with qmatmul_cross (named, not
+imported: qmatmul_cross builds on qmatmul, never the other way).
 """
 
 from __future__ import annotations
