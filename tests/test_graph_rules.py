@@ -558,7 +558,8 @@ def test_a_dcn_cross_layer_ends_its_int8_chain_in_qmatmul_cross(model, n, bias_a
     matches, _ = run_rule(gm, args, "qmatmul")
     layers = len(getattr(model, "V", [None]))
     assert len(matches) == layers and all("qmatmul_cross" in m.what for m in matches)
-    assert [[op for op, _ in m.tasks] for m in matches] == [["quantize_rows", "qmatmul_requant", "qmatmul_cross"]] * layers
+    ops = ["quantize_rows", "qmatmul_requant", "qmatmul_cross"]
+    assert [[op for op, _ in m.tasks] for m in matches] == [ops] * layers
     assert all(dict(m.tasks[-1][1])["bias"] for m in matches)
     assert targets(gm).isdisjoint({aten.add.Tensor, aten.mul.Tensor, aten.linear.default})
     got, want = gm(*args), model(*args)
