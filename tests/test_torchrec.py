@@ -179,9 +179,15 @@ def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, quantize, 
     ending in qmatmul_cross (its tail the kernel's epilogue)."""
     import autotune.torch as at
 
+    import search_spaces
+
     model, args = dlrm(kind, rank=32), batch(8)
+    # int8: the rules this test is about (the table-batched launch, the int8 chains and their cross tails); the
+    # others' alternatives (bf16 and split_linear Linears, single bags) would triple its tuning
+    rules = [r for op in ("batched_embedding_bag", "qmatmul") for r in search_spaces.get(op).graph_rules()]
     opt, report = at.tune_model(model, args, log_dir=tmp_path / "logs", trials=1, quantize=quantize, progress=False,
-                                bench_rounds=0, require_speedup=False)
+                                bench_rounds=0, require_speedup=False, rules=rules if quantize else None,
+                                timing_batches=2)
     rules = {r.rule for r in report.replaced}
     want = "embedding_interaction" if kind == "dlrm" else "batched_embedding_bag"
     assert any(r.startswith(want) for r in rules), str(report)
