@@ -397,17 +397,17 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
             rule=RULE, nodes=tuple(nodes), outputs=(tail.out if tail else chain[-1].out,), tasks=tuple(tasks),
             replace=_replace(chain, plan, tail), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
             reduced=_reduced(chain),
-            what=" -> ".join(layer.what() for layer in chain) + " -> "
+            what=" -> ".join(layer.what() for layer in chain) + (" -> x0 * (. + b) + x" if tail else "") + " -> "
                  + ("quantize_rows + " if not chain[0].small else "")
-                 + ("int8 qmatmul" if len(chain) == 1 else
-                    f"{len(chain) - 1} qmatmul_requant (int8 out) + qmatmul: int8 between layers"
+                 + (f"int8 {plan[-1][0]}" if len(chain) == 1 else
+                    f"{len(chain) - 1} qmatmul_requant (int8 out) + {plan[-1][0]}: int8 between layers"
                     + (" (uint8 after ReLUs)" if any(layer.unsigned for layer in chain) else "")
                     + (" (the head weight-only)" if chain[0].small else ""))
                  + (" (7-bit activations)" if bits == 7 else "")
                  + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
                     if any(layer.smooth is not None for layer in chain) else "")
                  + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else "")
-                 + (" (DCN cross tail fused: qmatmul_cross)" if tail else ""))
+                 + (" (DCN's cross tail in its epilogue)" if tail else ""))
 
 
 RULES = (GraphRule(RULE, find, quantizes=True),)
