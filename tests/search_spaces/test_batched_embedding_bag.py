@@ -228,18 +228,16 @@ def test_gpu_space_default_is_a_coalesced_float4_config():
 
 
 def test_knobs_are_embedding_bags_declared_once_with_this_kernels_defaults():
-    """Every CPU knob but the order of (table, bag) pairs (the batched kernel's own), and the shared CUDA ones,
-    are embedding_bag's (one doc, a subset of its options); the batched kernel keeps its own defaults: a local
-    accumulator, table by table, 256-thread blocks, 4 rows per step."""
+    """Every CPU knob and the shared CUDA ones are embedding_bag's (one doc, a subset of its options); the
+    batched kernel keeps its own defaults: a local accumulator, 256-thread blocks, 4 rows per step."""
     w = tbe.Workload(**SMALL)
     cpu, gpu = resolve("cpu").target(), resolve("cuda:sm_90").target()
-    shared = [(k, eb_cpu) for k in tbe.space(w, cpu).knobs if k is not tbe_cpu.ORDER]
+    shared = [(k, eb_cpu) for k in tbe.space(w, cpu).knobs]
     shared += [(k, eb_cuda) for k in tbe.space(w, gpu).knobs if k.name not in ("dim_iters", "bag_rounds")]
     for knob, home in shared:
         original = getattr(home, knob.name.upper())
         assert knob.doc == original.doc and set(knob.values) <= set(original.options), knob.name
     assert tbe.space(w, cpu).default()[tbe_cpu.ACCUMULATOR] == "local"
-    assert tbe.space(w, cpu).default()[tbe_cpu.ORDER] == "tables"
     single = eb.Workload(rows=50, dim=16, batch=9, pooling=(0, 6))
     assert eb.space(single, cpu).default()[eb_cpu.ACCUMULATOR] == "output"
     assert (tbe.space(w, gpu).default()[tbe_cuda.THREADS], tbe.space(w, gpu).default()[tbe_cuda.GPU_UNROLL]) == (256, 4)
