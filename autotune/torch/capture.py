@@ -168,14 +168,15 @@ def _split_of_cat(n: fx.Node) -> list[Any] | None:
 
 
 def _whole_slice(n: fx.Node) -> bool:
-    """`aten.slice` of a whole dim, step 1 (`x[:, k]` exports as one before its select): its input itself."""
+    """`aten.slice(x, dim, start, end, step)` of a whole dim, step 1 (`x[:, k]` exports one before its select):
+    x itself."""
     if n.target is not torch.ops.aten.slice.Tensor or n.kwargs:
         return False
-    dim, start, end, step = (list(n.args[1:]) + [0, None, None, 1][len(n.args) - 1:])[:4]
-    src = _val(n.args[0])
-    if not isinstance(src, torch.Tensor) or not isinstance(dim, int) or start not in (0, None) or step != 1:
+    src, dim, start, end, step = (*n.args, *(0, None, None, 1)[len(n.args) - 1:])  # defaults for those left out
+    val = _val(src)
+    if not isinstance(val, torch.Tensor) or not isinstance(dim, int) or start not in (0, None) or step != 1:
         return False
-    size = src.shape[dim]
+    size = val.shape[dim]
     return end is None or (isinstance(end, int) and (end >= 2 ** 62 or (isinstance(size, int) and end >= size)))
 
 

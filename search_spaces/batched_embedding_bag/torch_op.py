@@ -291,8 +291,8 @@ def cases(w: Workload, seed: int, count: int) -> Iterator[Case]:
     def sizes(batch: int, lo: int = 1) -> np.ndarray:
         return rng.integers(lo, hi + 1, size=(tables, batch))
 
-    def call(name: str, sizes: np.ndarray, seed: int, last: bool = False, **kw: Any) -> Case:
-        return _call(w, name, _tables(w, sizes, seed, last=last, weights=weights, **kw), last)
+    def call(name: str, bags: np.ndarray, case_seed: int, last: bool = False, **kw: Any) -> Case:
+        return _call(w, name, _tables(w, bags, case_seed, last=last, weights=weights, **kw), last)
 
     yield call(f"tuned batch {w.batch}", sizes(w.batch, w.pooling[0]), seed)
     for i, batch in enumerate(dict.fromkeys([1, w.batch + 1, 2 * w.batch + 3])):

@@ -47,22 +47,16 @@ def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) 
 
 
 def check_inputs(w: Workload, *tensors: Any) -> None:
-    """qmatmul's checks of the operands (qmatmul/checks.py, imports torch), then x0 and x: float32 (M, N)."""
+    """qmatmul's checks of the operands and this workload's M, K and N (qmatmul/checks.py, imports torch), then
+    the op's of x0 and x (float32, (M, N), the operands' device, contiguous)."""
     import torch
 
     from ..qmatmul.checks import check_inputs as check
-
-    if len(tensors) < 2:
-        raise TypeError(f"qmatmul_cross: expected qmatmul's tensors, then x0 and x; got {len(tensors)} tensors")
-    *operands, x0, x = tensors
-    check(w, *operands)
-    for name, t in (("x0", x0), ("x", x)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
-            raise TypeError(f"qmatmul_cross: {name} must be a float32 tensor")
-        if tuple(t.shape) != (w.m, w.n):
-            raise ValueError(f"qmatmul_cross: {name} must be ({w.m}, {w.n}), got {tuple(t.shape)}")
     from .torch_op import check as check_op, op_call
 
+    if len(tensors) < 2 or not all(isinstance(t, torch.Tensor) for t in tensors[-2:]):
+        raise TypeError("qmatmul_cross: expected qmatmul's tensors, then x0 and x (tensors)")
+    check(w, *tensors[:-2])
     args, kwargs = op_call(w, tensors)
     check_op(*args, **kwargs)
 
