@@ -323,7 +323,7 @@ def amx_fits(m_tiles: int, n_tiles: int) -> bool:
     return m_tiles * n_tiles + m_tiles + n_tiles <= AMX_TILES
 
 
-def amx_block(m_tiles: int, n_tiles: int, k: int, a_dtype: str, task: tuple[int, int]) -> str:
+def amx_block(m_tiles: int, n_tiles: int, k: int, a_dtype: str, task: tuple[int, int], k_total: int = 0) -> str:
     """The AMX intrinsic computing one register block C[16 m_tiles, 16 n_tiles] = sum over all `k` of
     A[., k] * W[., k], registered on first use; returns its name for `sch.tensorize`.
 
@@ -332,31 +332,46 @@ def amx_block(m_tiles: int, n_tiles: int, k: int, a_dtype: str, task: tuple[int,
     row by row (64 bytes); k is a multiple of 64. The accumulators start at zero (`tilezero`), stay in tile
     registers across k and are stored once.
 
+    `k_total` > k: the block covers one block of k out of k_total (A's row stride and W's k extent): it adds
+    to C (loaded into the accumulator tiles first, stored after), which the caller zeroed before its first
+    k block, so a schedule can sweep a task's register blocks per k block while their operands stay in cache.
+
     The tile configuration (palette 1: all tiles 16 rows x 64 bytes) must be loaded on each thread before its
     first tile instruction, and `ldtilecfg` per block costs about a third of a block's time. A tensorized block
     sees no loop variables, only where its operands start: `task` (rows, columns of a parallel task) says which
-    blocks are a task's first (its A row and W column both at a task boundary), and only those load it.
-    A task's blocks run on one thread, first block first."""
+    blocks are a task's first (its A row and W column both at a task boundary, at the first k), and only
+    those load it. A task's blocks run on one thread, first block first."""
     if m_tiles < 1 or n_tiles < 1 or not amx_fits(m_tiles, n_tiles):
         raise ValueError(f"an AMX block of {m_tiles} x {n_tiles} accumulator tiles does not fit 8 tile registers")
     if k % AMX_K or a_dtype not in ("int8", "uint8") or task[0] % (AMX_ROWS * m_tiles) or task[1] % (16 * n_tiles):
         raise ValueError(f"AMX block: k={k} must be a multiple of {AMX_K}, A int8 or uint8 ({a_dtype}), and the task "
                          f"{task} whole blocks")
+    if k_total and (k_total % k or k_total < k):
+        raise ValueError(f"AMX block: k={k} must divide k_total={k_total}")
+    k_total = k_total if k_total > k else 0
     name = f"autotune_amx_{a_dtype}_{m_tiles}x{n_tiles}_k{k}_task{task[0]}x{task[1]}"
+    name += f"_of{k_total}" if k_total else ""
     if name not in _loaded:
-        _register_amx(name, m_tiles, n_tiles, k, a_dtype, task)
+        _register_amx(name, m_tiles, n_tiles, k, a_dtype, task, k_total)
         _loaded.add(name)
     return name
 
 
-def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tuple[int, int]) -> None:
+def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tuple[int, int], k_total: int) -> None:
+    import tvm
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
     rows, cols, nc = AMX_ROWS * mt, 16 * nt, mt * nt  # tiles: accumulators 0..nc-1, then A, then W
     task_rows, task_quads = task[0], task[1] // 16
-    w_stride = kp * 16  # elements between W's 16-column blocks
+    stride = k_total or kp  # A's row stride; W's k extent
+    w_stride = stride * 16  # elements between W's 16-column blocks
     product = "llvm.x86.tdpbusd" if a_dtype == "uint8" else "llvm.x86.tdpbssd"
+    adds = bool(k_total)  # one k block of several: C is read (zeroed by the caller first), no init
+
+    def first_block(a_at: Any, b_at: Any) -> Any:  # the task's first: its first rows and columns (and k)
+        at_task = tvm.tirx.all((a_at // stride) % task_rows == 0, (b_at // w_stride) % task_quads == 0)
+        return tvm.tirx.all(at_task, a_at % stride == 0) if adds else at_task
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -377,18 +392,34 @@ def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tupl
                         B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
 
     @T.prim_func(s_tir=True)
+    def desc_adds(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (rows, kp), a_dtype, offset_factor=1)
+        B = T.match_buffer(b, (nt, kp // 4, 16, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (rows, cols), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:cols], A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
+            T.writes(C[0:rows, 0:cols])
+            for i, j, k in T.grid(rows, cols, kp):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    T.reads(C[vi, vj], A[vi, vk], B[vj // 16, vk // 4, vj % 16, vk % 4])
+                    T.writes(C[vi, vj])
+                    C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
+                        B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
+
+    @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         a_at = T.int32()
         b_at = T.int32()
         sc = T.int32()
-        A = T.match_buffer(a, (rows, kp), a_dtype, elem_offset=a_at, strides=[kp, 1])
+        A = T.match_buffer(a, (rows, kp), a_dtype, elem_offset=a_at, strides=[stride, 1])
         B = T.match_buffer(b, (nt, kp // 4, 16, 4), "int8", elem_offset=b_at, strides=[w_stride, 64, 4, 1])
         C = T.match_buffer(c, (rows, cols), "int32", offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
             T.reads(A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
             T.writes(C[0:rows, 0:cols])
             config = T.alloc_buffer((64,), "uint8", scope="local")
-            if (a_at // kp) % task_rows == 0 and (b_at // w_stride) % task_quads == 0:
+            if first_block(a_at, b_at):
                 for byte in range(64):
                     config[byte] = T.uint8(0)
                 config[0] = T.uint8(1)  # palette 1
@@ -398,11 +429,15 @@ def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tupl
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", T.address_of(config[0])))
             for ti in T.unroll(mt):
                 for tj in T.unroll(nt):
-                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(ti * nt + tj)))
+                    if adds:
+                        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(ti * nt + tj),
+                                                      T.address_of(C[ti * 16, tj * 16]), T.int64(sc * 4)))
+                    else:
+                        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(ti * nt + tj)))
             for kb in range(kp // AMX_K):
                 for ti in T.unroll(mt):
                     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(nc + ti),
-                                                  T.address_of(A[ti * 16, kb * AMX_K]), T.int64(kp)))
+                                                  T.address_of(A[ti * 16, kb * AMX_K]), T.int64(stride)))
                 for tj in T.unroll(nt):
                     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(nc + mt + tj),
                                                   T.address_of(B[tj, kb * 16, 0, 0]), T.int64(64)))
@@ -415,7 +450,7 @@ def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tupl
                     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(ti * nt + tj),
                                                   T.address_of(C[ti * 16, tj * 16]), T.int64(sc * 4)))
 
-    TensorIntrin.register(name, desc, impl, override=True)
+    TensorIntrin.register(name, desc_adds if adds else desc, impl, override=True)
 
 
 _REGISTER: dict[str, Callable[[], None]] = {

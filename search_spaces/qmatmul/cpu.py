@@ -32,7 +32,9 @@ M_TILE = Choice("m_tile", (4, 1, 2, 6, 8), doc=(
 N_VECTORS = Choice("n_vectors", (2, 1, 4), doc=(
     "Weight vectors (of nb channels) per register tile: accumulators = m_tile x n_vectors registers."))
 K_BLOCK = Choice("k_block", (0, 64, 128, 256, 512), doc=(
-    "Cache blocking of the reduction (0 = none): a K block of weights stays in L1/L2 across the rows."))
+    "Cache blocking of the reduction (0 = none): a K block of weights stays in L1/L2 across the rows. AMX: "
+    "the task's register blocks sweep each k block in turn (whole 64-byte tile rows dividing K, the most up to "
+    "this), their accumulators kept in C between blocks."))
 M_BLOCK = Choice("m_block", (64, 16, 32, 128, 256), doc=(
     "Rows per parallel task (rounded down to whole register tiles): the task's activation rows stay in "
     "cache while it sweeps the weight columns."))
@@ -68,9 +70,8 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
             return c[LAYOUT] == _INTRIN_LAYOUT[c[INTRINSIC]]
         return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
 
-    def amx_ok(c: Config) -> bool:  # a block of whole tiles over the whole k: no k blocks, nothing to unroll
-        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[K_BLOCK] == 0
-                                         and c[UNROLL])
+    def amx_ok(c: Config) -> bool:  # a block of whole tiles over a whole k block: nothing to unroll
+        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[UNROLL])
 
     layouts = LAYOUT.options if w.mode != "weight_only" else ("n16k1", "n8k1")
     blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
@@ -172,6 +173,12 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     iio, iii = sch.split(ii, [None, mt])
     jio, jii = sch.split(ji, [None, nb * nv])
     sch.reorder(iio, jio, iii, jii)
+    if cfg[INTRINSIC] == "amx" and cfg[K_BLOCK]:
+        _amx_k_blocks(sch, c, outer, w, cfg, (mb, nblk))
+        sch.vectorize(jii)
+        if out_qmax:
+            _quantize_rows(sch, outer, np_)
+        return
     sch.compute_at(c, jio, preserve_unit_loops=True)
     if _offset(w, cfg):  # A + offset as u8 once for all column blocks, in its own parallel loop
         au_i, au_j = sch.get_loops(sch.get_sblock("Au"))
@@ -186,6 +193,28 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     sch.vectorize(jii)
     if out_qmax:
         _quantize_rows(sch, outer, np_)
+
+
+def _amx_k_blocks(sch: Any, c: Any, task: Any, w: Workload, cfg: Config, blocks: tuple[int, int]) -> None:
+    """The task's whole C (its m_block x n_block int32) computed before its epilogue, k block by k block: for
+    each block of about k_block (the largest whole number of 64-byte tile rows dividing K, up to k_block),
+    every register block of the task, row tiles outer, so that the A rows of a register block stay in L1 while
+    the columns sweep, and the task's weights of one k block stay in L2 across its rows. Without k blocks
+    (k_block 0) a register block reads its A rows and weight columns over the whole K, from L2 or memory once
+    K is large: DLRMv2's 3456-wide layers. The accumulators go to C and come back once per k block."""
+    _, kp, _ = padded(w, cfg)
+    mt, nv = tile_rows(cfg), cfg[N_VECTORS]
+    kblk = _block(kp, cfg[K_BLOCK], intrinsics.AMX_K)
+    sch.compute_at(c, task, preserve_unit_loops=True)
+    ci, cj, ck = sch.get_loops(c)[-3:]
+    cio, cii = sch.split(ci, [None, mt])
+    cjo, cji = sch.split(cj, [None, 16 * nv])
+    cko, cki = sch.split(ck, [None, kblk])
+    sch.reorder(cko, cio, cjo, cii, cji, cki)
+    init = sch.decompose_reduction(c, cko)
+    sch.vectorize(sch.get_loops(init)[-1])
+    a_dtype = "uint8" if w.mode == "uint8" else "int8"
+    sch.tensorize(cii, intrinsics.amx_block(cfg[M_TILE], nv, kblk, a_dtype, blocks, k_total=kp))
 
 
 def _vector_tile(sch: Any, c: Any, cfg: Config, loops: tuple[Any, Any, Any], kp: int) -> None:

@@ -101,8 +101,9 @@ def test_a_bits_is_validated():
 @pytest.mark.parametrize("mode", ["int8", "uint8"])
 def test_amx_blocks_load_the_tile_configuration_in_every_task(mode):
     """AMX kernels of many parallel tasks (several per thread, and one serial loop of them), tiles of 1 or 2 x
-    1 or 2, K and N not whole tiles: a task whose first block did not load the tile configuration, or a block
-    reading another's tiles, would fault or differ from the exact sum."""
+    1 or 2, K and N not whole tiles, over the whole K or k block by k block (the accumulators through C): a
+    task whose first block did not load the tile configuration, a block reading another's tiles, or a k block
+    lost or added twice would fault or differ from the exact sum."""
     if not CPU_FLAGS_OF["amx"] <= cpu_flags():
         pytest.skip("this CPU has no AMX")
     task = make_task("qmatmul", "cpu", shape=f"m=150,k=200,n=90,bias=0,mode={mode},relu={int(mode == 'uint8')}")
@@ -115,10 +116,11 @@ def test_amx_blocks_load_the_tile_configuration_in_every_task(mode):
     exact = accumulate(a, weight).to(torch.int64)
     exact = exact.clamp_min(0) if w.relu else exact
     amx = [c for c in task.space if c.as_dict()["intrinsic"] == "amx"]
-    small_tasks = {(d["m_tile"], d["n_vectors"]): c for c in amx for d in [c.as_dict()]
+    small_tasks = {(d["m_tile"], d["n_vectors"], d["k_block"]): c for c in amx for d in [c.as_dict()]
                    if d["m_block"] == 16 and d["n_block"] == 32 and d["threading"] == "parallel"}
-    assert set(small_tasks) == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    picks = [*small_tasks.values(), next(c for c in amx if c.as_dict()["threading"] == "serial")]
+    assert set(small_tasks) == {(m, n, k) for m in (1, 2) for n in (1, 2) for k in (0, 64, 128)}  # kp = 256
+    picks = [*small_tasks.values(), *(next(c for c in amx if c.as_dict()["threading"] == "serial"
+                                           and c.as_dict()["k_block"] == k) for k in (0, 64))]
     for cfg in picks:
         out = run(task, cfg, (a, weight, ones_m, ones_n))
         assert torch.equal(out.to(torch.int64), exact.to(torch.int64)), str(cfg)

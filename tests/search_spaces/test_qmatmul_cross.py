@@ -21,6 +21,7 @@ SHAPES = [
     "m=13,k=37,n=19",               # nothing whole tiles: x0 and x padded, padded rows and channels dropped
     "m=20,k=64,n=48,bias=0,a_bits=7",  # no bias; 7-bit activations (AVX2's u8 path where offered)
     "m=9,k=64,n=40,mode=uint8",     # uint8 activations enter VNNI/AMX as they are
+    "m=20,k=130,n=40",              # AMX k blocks (K padded to 192, blocks of 64)
 ]
 
 
@@ -33,6 +34,7 @@ def test_matches_the_reference_for_default_random_and_every_intrinsic(shape):
     configs = [task.space.default(), task.space.sample(rng)]
     for intrin in ("vnni", "amx", "avx2", "none"):  # each inner kernel the CPU has
         configs += [c for c in task.space if c.as_dict()["intrinsic"] == intrin][:1]
+    configs += [c for c in task.space if c.as_dict()["intrinsic"] == "amx" and c.as_dict()["k_block"]][:1]
     for cfg in dict.fromkeys(configs):
         y = run(task, cfg, tensors)
         assert y.shape == (task.workload.m, task.workload.n) and y.dtype == torch.float32

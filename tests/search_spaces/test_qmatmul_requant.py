@@ -49,17 +49,18 @@ def test_matches_quantize_rows_of_qmatmul_for_default_and_random_configs(shape):
 
 
 @pytest.mark.parametrize("shape", ["m=13,k=37,n=19,relu=1,out_qmax=255",  # int8 in, uint8 rows out
-                                   "m=9,k=64,n=40,mode=uint8,relu=1,out_qmax=255",  # uint8 in and out
+                                   "m=9,k=200,n=40,mode=uint8,relu=1,out_qmax=255",  # uint8 in and out
                                    "m=9,k=13,n=30,mode=weight_only,relu=1,out_qmax=255"])
 def test_uint8_rows_after_a_relu_use_all_256_levels(shape):
     """out_qmax 255: each row in [0, 255] (its max at 255), as uint8, against the reference; every config of the
     space, VNNI's and AMX's among them where the CPU has them (uint8 activations enter both without the +128
-    offset)."""
+    offset), AMX's over the whole k and k block by k block."""
     task = make_task("qmatmul_requant", "cpu", shape=shape)
     tensors = rq.inputs(task.workload, seed=2)
     exp = expected(rq, task.workload, *tensors)
     configs = sampled(task, 3, seed=7) + [c for c in task.space if c.as_dict()["intrinsic"] == "vnni"][:2]
-    configs += [c for c in task.space if c.as_dict()["intrinsic"] == "amx"][:2]
+    amx = [c for c in task.space if c.as_dict()["intrinsic"] == "amx"]
+    configs += amx[:2] + [c for c in amx if c.as_dict()["k_block"]][:2]  # AMX over the whole k, and k blocks
     for cfg in dict.fromkeys(configs):
         q, scale = run(task, cfg, tensors)
         assert q.dtype == torch.uint8 and mismatch((q, scale), exp) is None, f"{cfg}: {mismatch((q, scale), exp)}"

@@ -1,0 +1,34 @@
+"""`python -m autotune.lowered`: the fingerprints that prove a template change left its records' code alone."""
+
+import json
+
+from autotune import lowered
+
+SHIPPED = "logs/cpu/qmatmul.jsonl"
+
+
+def _lines(path, n):
+    with open(path, encoding="utf-8") as f:
+        return [next(f) for _ in range(n)]
+
+
+def test_a_record_lowers_to_the_same_fingerprint_each_time_and_configs_differ(tmp_path, capsys):
+    first, second = _lines(SHIPPED, 2)
+    log = tmp_path / "log.jsonl"
+    log.write_text(first + second + first)  # the first config measured twice: one line
+    assert lowered.main([str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2
+    again = dict(lowered.fingerprints([log]))
+    assert dict(line.split("\t") for line in out) == again
+    assert len(set(again.values())) == 2 and not any(fp.startswith("invalid") for fp in again.values())
+
+
+def test_a_config_the_code_no_longer_takes_is_named_invalid(tmp_path):
+    raw = json.loads(_lines(SHIPPED, 1)[0])
+    raw["config"] = {**raw["config"], "m_tile": 3}  # not an option of the knob
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(raw) + "\n")
+    [(ident, fp)] = list(lowered.fingerprints([log]))
+    assert ident.startswith("qmatmul cpu:") and fp.startswith("invalid: ")
+    assert list(lowered.fingerprints([log], ops={"interaction"})) == []
