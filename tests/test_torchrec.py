@@ -149,6 +149,26 @@ def test_torchrec_rules_find_the_fused_stage_and_the_interaction_in_triu_order()
     assert not [k for k in found.kept if k.rule in ("interaction", "embedding_interaction")], found.kept
 
 
+def test_the_table_batched_task_carries_each_features_pooling():
+    """A KJT whose features pool differently (as MLPerf's multi-hot ones): the batched launch is tuned on bags of
+    each table's own sizes, where the (table, bag) order decides how the cores share the work."""
+    from autotune.torch.capture import capture
+    from autotune.torch.graph import discover
+    from autotune.torch.rules import collect_rules
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    pooling, size = (1, 3, 2, 5), 8
+    g = torch.Generator().manual_seed(0)
+    kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(ROWS))],
+                            values=torch.cat([torch.randint(0, r, (p * size,), generator=g)
+                                              for r, p in zip(ROWS, pooling)]),
+                            lengths=torch.tensor(pooling).repeat_interleave(size))
+    model, args = dlrm("dcn"), (torch.randn(size, 5, generator=g), kjt)
+    found = discover(capture(model, args), args, collect_rules(True))  # int8: the int8-row tables' launch
+    [fields] = [f for m in [*found.matches, *found.alternatives] for op, f in m.tasks if op == "batched_embedding_bag"]
+    assert fields["table_pooling"] == tuple((p, p) for p in pooling) and fields["pooling"] == (1, 5)
+
+
 def test_pairs_in_any_order_are_served_with_their_order_and_others_refused():
     from search_spaces.interaction.graph import self_interaction_of
 

@@ -12,34 +12,47 @@ from ..embedding_bag.cpu import (ACCUMULATOR as _ACCUMULATOR, BAGS_PER_TASK, LIN
                                  PREFETCH_LINES, TASKS_NEED_PARALLEL, THREADING, UNROLL, VECTOR, check_llvm,
                                  in_scratch, parallel_tasks, prefetch_lines, simd, vectorize_innermost,
                                  vectors)
-from ..space import Config, Space
+from ..space import Choice, Config, Space
 from .kernel import compute
 from .workload import Workload
 
-__all__ = ["ACCUMULATOR", "BAGS_PER_TASK", "PREFETCH", "PREFETCH_LINES", "THREADING", "UNROLL", "VECTOR", "lower",
-           "schedule", "space"]
+__all__ = ["ACCUMULATOR", "BAGS_PER_TASK", "ORDER", "PREFETCH", "PREFETCH_LINES", "THREADING", "UNROLL", "VECTOR",
+           "lower", "schedule", "space"]
 
 # The same knob with local first: this kernel's untuned choice has always pooled into a local buffer (its output
 # rows are strided by tables x dim, and "output" exists for mode=sum only), so defaults and records keep meaning.
 ACCUMULATOR = replace(_ACCUMULATOR, options=("local", "output"))
 
 
+ORDER = Choice("order", ("tables", "bags"), doc=(
+    "The order of the (table, bag) pairs the parallel tasks split: table by table (a task's rows from one table, "
+    "its hot rows cached together) or sample by sample (every task holds each table's share of the work: "
+    "balanced where tables' bag sizes differ by far, as MLPerf DLRMv2's 1 to 100 ids; output rows written in "
+    "order). The cores take contiguous runs of tasks, so table by table one core may get the heavy tables. "
+    "Offered where the workload's tables pool differently (table_pooling): elsewhere the tasks balance alike."))
+
+
 def space(w: Workload, target: Any) -> Space:
-    """The CPU space: threading, SIMD width, unroll, prefetch, accumulator (sum only: in the output)."""
+    """The CPU space: threading, SIMD width, unroll, prefetch, accumulator (sum only: in the output), the order
+    of the pairs (where tables pool differently)."""
     check_llvm("batched_embedding_bag", target)
     accumulators = ACCUMULATOR.options if w.mode == "sum" else ("local",)
     return Space(
         [THREADING, BAGS_PER_TASK, vectors(w.dim), UNROLL, PREFETCH, prefetch_lines(w.rows_format),
-         ACCUMULATOR.only(accumulators)],
+         ACCUMULATOR.only(accumulators), ORDER if w.table_pooling else ORDER.only(("tables",))],
         [LINES_NEED_PREFETCH, TASKS_NEED_PARALLEL],
     )
 
 
 def schedule(sch: Any, w: Workload, cfg: Config) -> None:
-    """Parallel over fused (table, bag) pairs; SIMD over the accumulator's setting and its write-back (the rows'
-    loops, unrolled and in SIMD vectors, are compute's)."""
+    """Parallel over fused (table, bag) pairs in the config's ORDER; SIMD over the accumulator's setting and its
+    write-back (the rows' loops, unrolled and in SIMD vectors, are compute's)."""
     vec = cfg[VECTOR]
-    parallel_tasks(sch, sch.fuse(*sch.get_loops(sch.get_sblock("bag"))), cfg)
+    tables, bags = sch.get_loops(sch.get_sblock("bag"))
+    if cfg[ORDER] == "bags":
+        sch.reorder(bags, tables)
+        tables, bags = bags, tables
+    parallel_tasks(sch, sch.fuse(tables, bags), cfg)
     simd(sch, sch.get_sblock("acc_init"), vec)
     if cfg[ACCUMULATOR] == "local":
         vectorize_innermost(sch, sch.get_sblock("finalize"), vec)

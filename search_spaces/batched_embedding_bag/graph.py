@@ -136,8 +136,9 @@ def _replace(group: list[Bag], dtype: str = "float32") -> Any:
 def _fields(group: list[Bag]) -> dict[str, Any]:
     first = group[0]
     return dict(rows=tuple(b.rows for b in group), dim=first.dim, batch=first.batch,
-                pooling=(min(b.pooling[0] for b in group), max(b.pooling[1] for b in group)), mode=first.mode,
-                index_dtype=first.index_dtype, **traffic(group))
+                pooling=(min(b.pooling[0] for b in group), max(b.pooling[1] for b in group)),
+                table_pooling=tuple(b.pooling for b in group), mode=first.mode, index_dtype=first.index_dtype,
+                **traffic(group))
 
 
 def _matches(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str,

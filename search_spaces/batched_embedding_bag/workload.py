@@ -46,9 +46,12 @@ class Workload(_Workload):
     `rows` holds each table's row count (in table order); `tables` is their number. Shape text:
     `rows=1000000x4+100000x8+1000x14` is 4 tables of 1M rows, then 8 of 100k, then 14 of 1000 (`x COUNT` may
     be left out: `rows=50+7+300`); `tables=26,rows=100000` is 26 tables of 100k rows. `pooling` is the
-    (min, max) number of indices per bag (`pooling=20-80`), the same for every table; `distribution` is
-    "uniform" or "zipf" (`dist=zipf:1.05`: row popularity ~ 1/rank**zipf_exponent within each table, hot rows
-    scattered). `dtype` is how the tables store their rows, as embedding_bag's (rows.py).
+    (min, max) number of indices per bag (`pooling=20-80`); `table_pooling`, where tables differ, each table's
+    own (`table_pooling=3+2+1-4+100`: a count, or a range, per table, `x COUNT` repeating one), within
+    `pooling` (its envelope): MLPerf DLRMv2's features pool 1 to 100 ids, one table a sample's heaviest, which
+    decides how the work splits over cores. `distribution` is "uniform" or "zipf" (`dist=zipf:1.05`: row
+    popularity ~ 1/rank**zipf_exponent within each table, hot rows scattered). `dtype` is how the tables store
+    their rows, as embedding_bag's (rows.py).
     """
 
     rows: tuple[int, ...]
@@ -61,9 +64,10 @@ class Workload(_Workload):
     distribution: str = "uniform"
     zipf_exponent: float = 1.05
     dtype: str = "float32"
+    table_pooling: tuple[tuple[int, int], ...] = ()  # () : every table pools `pooling`
 
     SHAPE_ALIASES = {"index": "index_dtype", "dist": "distribution"}
-    KEY_DEFAULTS = {"dtype": "float32"}
+    KEY_DEFAULTS = {"dtype": "float32", "table_pooling": ()}
 
     @property
     def rows_format(self) -> RowFormat:
@@ -77,9 +81,23 @@ class Workload(_Workload):
     def parse_pooling(cls, raw: str) -> tuple[int, int]:
         return parse_pooling(raw)
 
+    @classmethod
+    def parse_table_pooling(cls, raw: str) -> tuple[tuple[int, int], ...]:
+        """`3+2+1-4+1x3` -> (3, 3), (2, 2), (1, 4), (1, 1), (1, 1), (1, 1)."""
+        out: list[tuple[int, int]] = []
+        for group in raw.split("+"):
+            item, sep, count = group.strip().partition("x")
+            try:
+                out += [parse_pooling(item)] * (int(count) if sep else 1)
+            except (ValueError, WorkloadError):
+                raise WorkloadError(f"table_pooling={raw!r}: expected N or MIN-MAX per table, xCOUNT to repeat "
+                                    "one, joined by + (3+2+1-4+1x3)") from None
+        return tuple(out)
+
     def __post_init__(self) -> None:
         self._normalise_tables()
         normalise_bag_fields(self, ("dim", "batch"))
+        self._normalise_table_pooling()
         if self.index_dtype == "int32" and self.tables * self.batch * self.pooling[1] >= 2**31:
             raise WorkloadError("int32 offsets address at most 2**31 indices (tables x batch x max pooling)")
         if self.index_dtype == "int32" and max(self.rows) >= 2**31:
@@ -101,6 +119,29 @@ class Workload(_Workload):
             raise WorkloadError(f"every table needs >= 1 rows, got {rows}")
         object.__setattr__(self, "rows", tuple(int(r) for r in rows))
         object.__setattr__(self, "tables", len(rows))
+
+    def _normalise_table_pooling(self) -> None:
+        if not self.table_pooling:
+            object.__setattr__(self, "table_pooling", ())
+            return
+        try:
+            ranges = tuple((int(lo), int(hi)) for lo, hi in self.table_pooling)
+        except (TypeError, ValueError):
+            raise WorkloadError(f"table_pooling must hold a (min, max) pair per table, got {self.table_pooling!r}"
+                                ) from None
+        if len(ranges) != self.tables:
+            raise WorkloadError(f"table_pooling names {len(ranges)} tables, rows {self.tables}")
+        if any(lo < 0 or hi < lo for lo, hi in ranges):
+            raise WorkloadError(f"table_pooling: each range needs 0 <= min <= max, got {ranges}")
+        envelope = (min(lo for lo, _ in ranges), max(hi for _, hi in ranges))
+        if tuple(self.pooling) != envelope:
+            raise WorkloadError(f"pooling={tuple(self.pooling)} must be table_pooling's envelope {envelope} "
+                                f"(pooling={envelope[0]}-{envelope[1]})")
+        object.__setattr__(self, "table_pooling", () if len(set(ranges)) == 1 else ranges)
+
+    def pooling_of(self, t: int) -> tuple[int, int]:
+        """Table t's (min, max) indices per bag."""
+        return self.table_pooling[t] if self.table_pooling else self.pooling
 
     @property
     def total_rows(self) -> int:
@@ -131,7 +172,7 @@ def _batches(w: Workload, seed: int, rng: np.random.Generator, count: int) -> li
     so that each table's Zipf scatter is made once for all calls."""
     import torch
 
-    drawn = [bag_offsets(w.pooling, (w.tables, w.batch), rng) for _ in range(count)]  # table-major bags
+    drawn = [_bag_sizes(w, rng) for _ in range(count)]  # table-major bags
     per_table = [row_indices(rows, int(sum(sizes[t].sum() for sizes, _ in drawn)), w.distribution,
                              w.zipf_exponent, rng, hot_seed=(seed, t)) for t, rows in enumerate(w.rows)]
     forget_hot_rows()
@@ -147,6 +188,14 @@ def _batches(w: Workload, seed: int, rng: np.random.Generator, count: int) -> li
         indices = np.concatenate(parts).astype(np.int64)
         out.append((torch.from_numpy(indices).to(tdt), torch.from_numpy(offsets).to(tdt)))
     return out
+
+
+def _bag_sizes(w: Workload, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes (tables, batch), offsets) of one call's bags, each table's in its own pooling."""
+    if not w.table_pooling:
+        return bag_offsets(w.pooling, (w.tables, w.batch), rng)
+    sizes = np.stack([bag_offsets(p, w.batch, rng)[0] for p in w.table_pooling])
+    return sizes, boundaries(sizes.reshape(-1))
 
 
 def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: int) -> tuple[tuple[Any, ...], ...]:

@@ -1,5 +1,6 @@
 """The table-batched embedding-bag template against PyTorch (one embedding_bag per table, then cat)."""
 
+import json
 import random
 import sys
 
@@ -87,6 +88,24 @@ def test_cpu_every_knob_value_builds_and_matches():
     ref = tbe.reference(task.workload, *tensors)
     for cfg in covering_configs(task.space, random.Random(0)):
         torch.testing.assert_close(run(task, cfg, *tensors), ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
+
+
+def test_cpu_tables_of_their_own_pooling_in_either_order_of_the_pairs():
+    """Tables pooling differently (one heavy, as MLPerf's 100-id feature): both orders of the (table, bag) pairs,
+    over tasks of one bag and of many, compute the reference; uniform tables get no order to choose."""
+    task = make_task("batched_embedding_bag", "cpu", rows=(40, 3, 90, 500), dim=16, batch=11, pooling=(0, 30),
+                     table_pooling=((1, 1), (0, 2), (30, 30), (3, 5)))
+    orders = {c.as_dict()["order"] for c in task.space}
+    assert orders == {"tables", "bags"} and task.space.default().as_dict()["order"] == "tables"
+    tensors = tbe.inputs(task.workload, seed=2)
+    sizes = (tensors[3][1:] - tensors[3][:-1]).view(4, 11)
+    assert sizes[0].tolist() == [1] * 11 and sizes[2].tolist() == [30] * 11 and sizes[1].max() <= 2
+    ref = tbe.reference(task.workload, *tensors)
+    for order in ("tables", "bags"):
+        for cfg in [c for c in task.space if c.as_dict()["order"] == order][::97][:3]:
+            torch.testing.assert_close(run(task, cfg, *tensors), ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
+    uniform = make_task("batched_embedding_bag", "cpu", **SMALL)
+    assert {c.as_dict()["order"] for c in uniform.space} == {"tables"}
 
 
 def test_cpu_unrolled_pooling_never_reads_past_the_indices():
@@ -228,16 +247,18 @@ def test_gpu_space_default_is_a_coalesced_float4_config():
 
 
 def test_knobs_are_embedding_bags_declared_once_with_this_kernels_defaults():
-    """Every CPU knob and the shared CUDA ones are embedding_bag's (one doc, a subset of its options); the
-    batched kernel keeps its own defaults: a local accumulator, 256-thread blocks, 4 rows per step."""
+    """Every CPU knob but the order of (table, bag) pairs (the batched kernel's own), and the shared CUDA ones,
+    are embedding_bag's (one doc, a subset of its options); the batched kernel keeps its own defaults: a local
+    accumulator, table by table, 256-thread blocks, 4 rows per step."""
     w = tbe.Workload(**SMALL)
     cpu, gpu = resolve("cpu").target(), resolve("cuda:sm_90").target()
-    shared = [(k, eb_cpu) for k in tbe.space(w, cpu).knobs]
+    shared = [(k, eb_cpu) for k in tbe.space(w, cpu).knobs if k.name != tbe_cpu.ORDER.name]
     shared += [(k, eb_cuda) for k in tbe.space(w, gpu).knobs if k.name not in ("dim_iters", "bag_rounds")]
     for knob, home in shared:
         original = getattr(home, knob.name.upper())
         assert knob.doc == original.doc and set(knob.values) <= set(original.options), knob.name
     assert tbe.space(w, cpu).default()[tbe_cpu.ACCUMULATOR] == "local"
+    assert tbe.space(w, cpu).default()[tbe_cpu.ORDER] == "tables"
     single = eb.Workload(rows=50, dim=16, batch=9, pooling=(0, 6))
     assert eb.space(single, cpu).default()[eb_cpu.ACCUMULATOR] == "output"
     assert (tbe.space(w, gpu).default()[tbe_cuda.THREADS], tbe.space(w, gpu).default()[tbe_cuda.GPU_UNROLL]) == (256, 4)
@@ -259,8 +280,20 @@ def test_shape_text_grouped_and_uniform_forms():
     assert w.numeric_features().keys() == tbe.Workload(**SMALL).numeric_features().keys()
 
 
+def test_table_pooling_text_key_and_envelope():
+    w = tbe.Workload.from_shape("rows=10x4,dim=8,batch=2,pooling=1-100,table_pooling=3+1-4+100+1")
+    assert w.table_pooling == ((3, 3), (1, 4), (100, 100), (1, 1)) and w.pooling_of(2) == (100, 100)
+    assert tbe.Workload.from_json(json.loads(w.key())) == w
+    same = tbe.Workload.from_shape("rows=10x4,dim=8,batch=2,pooling=2,table_pooling=2x4")
+    assert same.table_pooling == () and same == tbe.Workload(rows=(10,) * 4, dim=8, batch=2, pooling=(2, 2))
+    assert "table_pooling" not in same.key()  # tables pooling alike keep the keys records were logged under
+
+
 @pytest.mark.parametrize("shape, message", [
     ("rows=10+20,dim=8,batch=2", "missing pooling"),
+    ("rows=10+20,dim=8,batch=2,pooling=1-5,table_pooling=1+4", "envelope \\(1, 4\\)"),
+    ("rows=10+20,dim=8,batch=2,pooling=1-5,table_pooling=5", "names 1 tables, rows 2"),
+    ("rows=10+20,dim=8,batch=2,pooling=1-5,table_pooling=1+x", "table_pooling='1\\+x'"),
     ("rows=10x,dim=8,batch=2,pooling=1", "ROWS"),
     ("rows=ten,dim=8,batch=2,pooling=1", "ROWS"),
     ("rows=10x0,dim=8,batch=2,pooling=1", "count"),
