@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Union
 
 from . import records
 from .records import Record, TaskKey
@@ -39,6 +39,16 @@ def existing_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     return out
 
 
+def _host_features(device: str) -> set[str] | None:
+    """The LLVM features (`mattr`) this machine adds to CPU kind `device` when it is this machine's (None for
+    another device: a GPU, or a CPU kind named for cross-compiling, whose records are taken as they are)."""
+    from . import targets
+
+    if not device.startswith("cpu:") or device != f"cpu:{targets.host_cpu()}":
+        return None
+    return set(dict(targets.resolve(device).target_json).get("mattr", ()))
+
+
 class TuningLog:
     """The records of a log file, or of several read together (then read-only), loaded once.
 
@@ -47,9 +57,9 @@ class TuningLog:
     is given `include_stale` (`records.current`).
     """
 
-    def __init__(self, paths: PathLike | Iterable[PathLike]):
+    def __init__(self, paths: PathLike | Iterable[PathLike], keep: Callable[[Record], bool] | None = None):
         self.paths = _paths(paths)
-        self.records: list[Record] = records.load_many(self.paths)
+        self.records: list[Record] = [r for r in records.load_many(self.paths) if keep is None or keep(r)]
         self._by_task: dict[TaskKey, list[Record]] = {}
         for r in self.records:
             self._by_task.setdefault(r.task, []).append(r)
@@ -61,8 +71,12 @@ class TuningLog:
 
     @classmethod
     def shipped(cls, op: str, device: str) -> "TuningLog":
-        """The pre-tuned records shipped for `op` on this device kind (`records.shipped_logs`)."""
-        return cls(records.shipped_logs(op, device))
+        """The pre-tuned records shipped for `op` on this device kind (`records.shipped_logs`) that this machine
+        can run: a CPU kind's name is LLVM's model, and a VM may show one model with another's instruction
+        sets (an AMX Xeon named "rocketlake"): records compiled for features this machine lacks are left out."""
+        host = _host_features(device)
+        return cls(records.shipped_logs(op, device),
+                   keep=None if host is None else lambda r: set(r.target.get("mattr") or ()) <= host)
 
     def tasks(self) -> list[TaskKey]:
         """Every task with a record here, sorted."""

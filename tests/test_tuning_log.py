@@ -68,3 +68,24 @@ def test_several_files_read_together_are_read_only_and_missing_ones_are_named(lo
         TuningLog.existing([log_path, tmp_path / "nope.jsonl"])
     with pytest.raises(FileNotFoundError, match="log not found"):
         existing_paths(tmp_path)  # a directory is not a log
+
+
+def test_shipped_records_need_only_features_this_machine_has(tmp_path, monkeypatch):
+    """A CPU kind is LLVM's model name, which a VM may show with another CPU's instruction sets (an AMX Xeon named
+    rocketlake): a shipped record compiled for features this machine lacks is not offered here."""
+    from dataclasses import replace
+
+    from autotune import targets
+
+    host = f"cpu:{targets.host_cpu()}"
+    plain, amx = (replace(rec(c), device=host, target={"kind": "llvm", **t}) for c, t in
+                  (("plain", {}), ("amx", {"mattr": ["+amx-tile", "+amx-int8"]})))
+    shipped = tmp_path / "shipped.jsonl"
+    records.append(shipped, [plain, amx])
+    monkeypatch.setattr(records, "shipped_logs", lambda op, device: [shipped])
+    for features, offered in (((), {"plain"}), (("+amx-tile", "+amx-int8", "+amx-bf16"), {"plain", "amx"})):
+        monkeypatch.setattr(targets, "host_extra_features", lambda mcpu, f=features: f)
+        assert {r.config_key for r in TuningLog.shipped(FAULTY, host).records} == offered
+        assert TuningLog.shipped(FAULTY, host).best((FAULTY, "w", host)).config_key == "plain"
+    other = "cpu:znver4" if host != "cpu:znver4" else "cpu:znver3"  # another kind (cross-compiling): as they are
+    assert {r.config_key for r in TuningLog.shipped(FAULTY, other).records} == {"plain", "amx"}
