@@ -57,8 +57,16 @@ class TaskReport:
 
 
 def shape_text(fields: dict[str, Any]) -> str:
-    """`rows=1000,pooling=1-8`: a task's fields as `--shape` writes them."""
-    return ",".join(f"{k}={'-'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in fields.items())
+    """`rows=1000,pooling=1-8,table_pooling=3+1-4`: a task's fields as `--shape` writes them (a pair as MIN-MAX,
+    a list of pairs joined by +, a pair of equal ends as one number)."""
+    def text(v: Any) -> str:
+        if not isinstance(v, (list, tuple)):
+            return str(v)
+        if v and isinstance(v[0], (list, tuple)):
+            return "+".join(str(p[0]) if len(set(p)) == 1 else text(p) for p in v)
+        return "-".join(map(str, v))
+
+    return ",".join(f"{k}={text(v)}" for k, v in fields.items())
 
 
 @dataclass

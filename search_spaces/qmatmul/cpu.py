@@ -32,8 +32,8 @@ M_TILE = Choice("m_tile", (4, 1, 2, 6, 8), doc=(
 N_VECTORS = Choice("n_vectors", (2, 1, 4), doc=(
     "Weight vectors (of nb channels) per register tile: accumulators = m_tile x n_vectors registers."))
 K_BLOCK = Choice("k_block", (0, 64, 128, 256, 512), doc=(
-    "Cache blocking of the reduction (0 = none): a K block of weights stays in L1/L2 across the rows. AMX: "
-    "the task's register blocks sweep each k block in turn (whole 64-byte tile rows dividing K, the most up to "
+    "Cache blocking of the reduction (0 = none): a K block of weights stays in L1/L2 across the rows. AMX (K from "
+    "2048): the task's register blocks sweep each k block in turn (whole 64-byte tile rows dividing K, the most up to "
     "this), their accumulators kept in C between blocks."))
 M_BLOCK = Choice("m_block", (64, 16, 32, 128, 256), doc=(
     "Rows per parallel task (rounded down to whole register tiles): the task's activation rows stay in "
@@ -43,6 +43,10 @@ N_BLOCK = Choice("n_block", (64, 32, 128, 256), doc=(
     "L2 while it sweeps its rows."))
 UNROLL = Choice("unroll", (True, False), doc="Unroll the register tile so accumulators stay in registers.")
 THREADING = Choice("threading", ("parallel", "serial"), doc="Spread (m_block x n_block) tasks over cores.")
+
+# AMX k blocks only from this K: below it a register block's A rows and weight columns over the whole K stay in
+# L1/L2 (32 x 1024 bytes each), and k blocks only add C's loads and stores (benchmarks/WHOLE_MODEL.md: AMX k blocks)
+AMX_K_BLOCKS_FROM = 2048
 
 _LAYOUT_SHAPE = {"n16k4": (16, 4), "n8k2": (8, 2), "n16k1": (16, 1), "n8k1": (8, 1), "n8k4": (8, 4)}
 _INTRIN_LAYOUT = {"vnni": "n16k4", "avx2": "n8k2", "avx2_u7": "n8k4", "amx": "n16k4"}
@@ -71,14 +75,15 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
         return w.mode == "weight_only" or c[LAYOUT] in ("n16k1", "n8k1", "n16k4", "n8k2")
 
     def amx_ok(c: Config) -> bool:  # a block of whole tiles over a whole k block: nothing to unroll
-        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[UNROLL])
+        return c[INTRINSIC] != "amx" or (intrinsics.amx_fits(c[M_TILE], c[N_VECTORS]) and c[UNROLL]
+                                         and (c[K_BLOCK] == 0 or round_up(w.k, intrinsics.AMX_K) >= AMX_K_BLOCKS_FROM))
 
     layouts = LAYOUT.options if w.mode != "weight_only" else ("n16k1", "n8k1")
     blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
     return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, *blocks, UNROLL,
                   THREADING],
                  [Constraint("the intrinsic fixes the layout", layout_ok),
-                  Constraint("an AMX block fits the 8 tile registers and spans k", amx_ok),
+                  Constraint("an AMX block fits the 8 tile registers and spans k (k blocks from K 2048)", amx_ok),
                   Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
                   Constraint("weight-only has no int8 intrinsic",
                              lambda c: w.mode != "weight_only" or c[INTRINSIC] == "none")],

@@ -21,7 +21,7 @@ SHAPES = [
     "m=13,k=37,n=19",               # nothing whole tiles: x0 and x padded, padded rows and channels dropped
     "m=20,k=64,n=48,bias=0,a_bits=7",  # no bias; 7-bit activations (AVX2's u8 path where offered)
     "m=9,k=64,n=40,mode=uint8",     # uint8 activations enter VNNI/AMX as they are
-    "m=20,k=130,n=40",              # AMX k blocks (K padded to 192, blocks of 64)
+    "m=20,k=2050,n=40",             # AMX k blocks (K padded to 2112: blocks of 64, 192 or 704)
 ]
 
 
