@@ -316,12 +316,14 @@ def _transfer_logs(task: Task, transfer: Iterable[str | Path] | None, own: Seque
 
 def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequence[records.Record],
                      include_stale: bool) -> list[Config]:
-    """The fastest config of each other task on `task`'s device kind whose knobs include its space's and
-    whose values it takes (its operator's other shapes; operators whose space holds its own, as qmatmul's
-    holds qmatmul_requant's, the extra knobs dropped): the log's own tasks first (the same machine; the
-    latest tuned first), then the transfer logs' in their order."""
+    """The task's own fastest config under older template code, if its log has one (a changed schedule is
+    measured again, but seldom reorders what wins entirely), then the fastest config of each other task on
+    `task`'s device kind whose knobs include its space's and whose values it takes (its operator's other shapes;
+    operators whose space holds its own, as qmatmul's holds qmatmul_requant's, the extra knobs dropped): the
+    log's own tasks first (the same machine; the latest tuned first), then the transfer logs' in their order."""
     kind = task.device.name.split(":")[0]
     mine = (task.op, task.workload_key, task.device.name)
+    before = records.best([r for r in own if r.task == mine], *mine) if not include_stale else None
 
     def bests(recs: Sequence[records.Record]) -> list[records.Record]:
         current = records.current(recs, include_stale)
@@ -330,7 +332,7 @@ def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequen
         tasks.pop(mine, None)
         return [r for r in (records.best(current, *key) for key in tasks) if r is not None]
 
-    return taken_configs(task, [*reversed(bests(own)), *bests(transfer)])
+    return taken_configs(task, [*([before] if before else []), *reversed(bests(own)), *bests(transfer)])
 
 
 def taken_configs(task: Task, recs: Iterable[records.Record]) -> list[Config]:

@@ -288,6 +288,26 @@ def test_a_new_shape_first_measures_what_won_on_the_operators_other_shapes(tmp_p
     assert Proposer(task, TuningLog(log), "xgb", seed=0, transfer=()).seeds == []
 
 
+def test_a_task_measured_under_older_template_code_first_measures_its_old_winner(tmp_path):
+    """A template change stales a task's records (measured again), but its old winner opens the first batch,
+    ahead of the other shapes' winners: with 8 trials a re-tune otherwise may never meet it again."""
+    from dataclasses import replace
+
+    from autotune.tuner import Proposer
+    from autotune.tuning_log import TuningLog
+
+    other = make_task("embedding_bag", "cpu", shape="rows=400,dim=16,batch=32,pooling=0-12,dist=zipf:1.1")
+    task = make_task("embedding_bag", "cpu", shape=SHAPE)
+    cfgs = list(dict.fromkeys(task.space.sample(random.Random(i)) for i in range(12)))
+    old_winner, their_winner = cfgs[3], other.space.from_json(cfgs[7].to_json())
+    log = tmp_path / "eb.jsonl"
+    records.append(log, [replace(task.record(c, costs=(1e-4 if c == old_winner else 1e-3,)), template_version="0ld")
+                         for c in cfgs] + [other.record(their_winner, costs=(1e-5,))])
+    proposer = Proposer(task, TuningLog(log), "xgb", seed=0, transfer=())
+    assert proposer.seeds[:2] == [old_winner, task.space.from_json(their_winner.to_json())]
+    assert proposer.ask(8)[0] == old_winner
+
+
 def test_an_operator_whose_space_holds_anothers_seeds_it_with_the_extra_knobs_dropped(tmp_path):
     """qmatmul's knobs are qmatmul_requant's and n_block: a qmatmul winner seeds a requant task (tune_model
     tunes the model's int8 chain as both), projected onto the requant space."""
