@@ -269,8 +269,10 @@ def test_bags_feeding_one_cat_become_one_batched_launch_read_in_place():
     matches, kept = run_rule(gm, args, "batched_embedding_bag")
     assert not kept and len(matches) == 1
     (m,) = matches
-    # tables in the cat's order (e2, e0, e1), pooling over all of them; the dim-4 and the weighted bag stay
-    assert m.tasks == (("batched_embedding_bag", dict(rows=(50, 30, 20), dim=8, batch=6, pooling=(0, 5), mode="sum",
+    # tables in the cat's order (e2, e0, e1), pooling over all of them and each table's own; the dim-4 and the
+    # weighted bag stay
+    assert m.tasks == (("batched_embedding_bag", dict(rows=(50, 30, 20), dim=8, batch=6, pooling=(0, 5),
+                                                       table_pooling=((2, 5), (0, 1), (1, 3)), mode="sum",
                                                        index_dtype="int64")),)
     assert sum(n.target is torch.ops.autotune.batched_embedding_bag.default for n in gm.graph.nodes) == 1
     assert sum(n.target in (aten.embedding_bag.padding_idx, aten.embedding_bag.default) for n in gm.graph.nodes) == 2

@@ -158,7 +158,7 @@ def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
 
     onednn = _onednn_linear(w, a, weight, a_scale, w_scale, b)
     if onednn is not None:
-        out["onednn qlinear (PT2E's int8 kernel)"] = onednn
+        out["onednn qlinear (PT2E's int8 kernel) + epilogue"] = onednn
     if w.mode == "uint8":  # neither _int_mm nor fbgemm's linear takes uint8 x int8 with a scale per row
         out["torch eager (float32 of the same integers)"] = lambda: reference(w, *tensors)
         return out
@@ -186,9 +186,10 @@ def baselines(w: Workload, *tensors: Any) -> dict[str, Callable[[], Any]]:
 
 
 def _onednn_linear(w: Workload, a: Any, weight: Any, a_scale: Any, w_scale: Any, b: Any) -> Callable[[], Any] | None:
-    """oneDNN's int8 linear as PT2E's X86InductorQuantizer models run it (AMX or VNNI where the CPU has them):
-    the same integers as u8 activations (int8 at zero point 128) with one scale for the tensor (ours: one per
-    row), per-channel int8 weights, the bias and ReLU fused, float32 out. None where this PyTorch lacks it."""
+    """oneDNN's int8 linear, the kernel PT2E's X86InductorQuantizer models run (AMX or VNNI where the CPU has
+    them): the same integers as u8 activations (int8 at zero point 128) with per-channel int8 weights, their
+    scales applied in it, float32 out; its activations take one scale for the tensor, so the rows' scales, the
+    bias and the ReLU follow in PyTorch, as `torch._int_mm`'s epilogue. None where this PyTorch lacks it."""
     import torch
 
     if a.device.type != "cpu" or not hasattr(torch.ops, "onednn"):
@@ -197,11 +198,13 @@ def _onednn_linear(w: Workload, a: Any, weight: Any, a_scale: Any, w_scale: Any,
         x = a if w.mode == "uint8" else (a.to(torch.int16) + 128).to(torch.uint8)
         zero = 0 if w.mode == "uint8" else 128
         packed = torch.ops.onednn.qlinear_prepack(weight, [w.m, w.k])
-        scale, zeros = float(a_scale.mean()), torch.zeros(w.n, dtype=torch.int64)
+        zeros = torch.zeros(w.n, dtype=torch.int64)
 
         def call() -> Any:
-            return torch.ops.onednn.qlinear_pointwise(x, scale, zero, packed, w_scale, zeros, b, 1.0, 0,
-                                                      torch.float32, "relu" if w.relu else "none", [], "")
+            y = torch.ops.onednn.qlinear_pointwise(x, 1.0, zero, packed, w_scale, zeros, None, 1.0, 0,
+                                                   torch.float32, "none", [], "") * a_scale[:, None]
+            y = y + b if b is not None else y
+            return torch.relu(y) if w.relu else y
         call()
         return call
     except (RuntimeError, AttributeError):
