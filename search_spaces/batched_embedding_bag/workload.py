@@ -139,10 +139,6 @@ class Workload(_Workload):
                                 f"(pooling={envelope[0]}-{envelope[1]})")
         object.__setattr__(self, "table_pooling", () if len(set(ranges)) == 1 else ranges)
 
-    def pooling_of(self, t: int) -> tuple[int, int]:
-        """Table t's (min, max) indices per bag."""
-        return self.table_pooling[t] if self.table_pooling else self.pooling
-
     @property
     def total_rows(self) -> int:
         return sum(self.rows)
