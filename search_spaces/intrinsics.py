@@ -379,31 +379,16 @@ def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tupl
         B = T.match_buffer(b, (nt, kp // 4, 16, 4), "int8", offset_factor=1)
         C = T.match_buffer(c, (rows, cols), "int32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
+            T.reads(*([C[0:rows, 0:cols]] if adds else []), A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
             T.writes(C[0:rows, 0:cols])
             for i, j, k in T.grid(rows, cols, kp):
                 with T.sblock("update"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
                     T.reads(C[vi, vj], A[vi, vk], B[vj // 16, vk // 4, vj % 16, vk % 4])
                     T.writes(C[vi, vj])
-                    with T.init():
-                        C[vi, vj] = 0
-                    C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
-                        B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
-
-    @T.prim_func(s_tir=True)
-    def desc_adds(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (rows, kp), a_dtype, offset_factor=1)
-        B = T.match_buffer(b, (nt, kp // 4, 16, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (rows, cols), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:rows, 0:cols], A[0:rows, 0:kp], B[0:nt, 0:kp // 4, 0:16, 0:4])
-            T.writes(C[0:rows, 0:cols])
-            for i, j, k in T.grid(rows, cols, kp):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    T.reads(C[vi, vj], A[vi, vk], B[vj // 16, vk // 4, vj % 16, vk % 4])
-                    T.writes(C[vi, vj])
+                    if not adds:  # the whole reduction: it starts from zero (one k block of several: from C)
+                        with T.init():
+                            C[vi, vj] = 0
                     C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(
                         B[vj // 16, vk // 4, vj % 16, vk % 4], "int32")
 
@@ -450,7 +435,7 @@ def _register_amx(name: str, mt: int, nt: int, kp: int, a_dtype: str, task: tupl
                     T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(ti * nt + tj),
                                                   T.address_of(C[ti * 16, tj * 16]), T.int64(sc * 4)))
 
-    TensorIntrin.register(name, desc_adds if adds else desc, impl, override=True)
+    TensorIntrin.register(name, desc, impl, override=True)
 
 
 _REGISTER: dict[str, Callable[[], None]] = {
