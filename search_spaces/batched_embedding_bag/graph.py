@@ -134,11 +134,11 @@ def _replace(group: list[Bag], dtype: str = "float32") -> Any:
 
 
 def _fields(group: list[Bag]) -> dict[str, Any]:
-    first = group[0]
+    first, pooling = group[0], tuple(b.pooling for b in group)
     return dict(rows=tuple(b.rows for b in group), dim=first.dim, batch=first.batch,
-                pooling=(min(b.pooling[0] for b in group), max(b.pooling[1] for b in group)),
-                table_pooling=tuple(b.pooling for b in group), mode=first.mode, index_dtype=first.index_dtype,
-                **traffic(group))
+                pooling=(min(p[0] for p in pooling), max(p[1] for p in pooling)),
+                **({"table_pooling": pooling} if len(set(pooling)) > 1 else {}), mode=first.mode,
+                index_dtype=first.index_dtype, **traffic(group))
 
 
 def _matches(gm: Any, values: dict[str, Any], claimed: set[Any], rule: str,
