@@ -17,22 +17,24 @@ import sys
 from typing import Iterable, Iterator
 
 from . import records
+from .tuning_log import existing_paths
 
 
 def fingerprints(paths: Iterable[str | os.PathLike[str]], ops: set[str] | None = None) -> Iterator[tuple[str, str]]:
     """(record identity, fingerprint) for each parsed record of `paths` (of `ops`, if given): the identity is
     op, device, workload and config keys; the fingerprint a hash of its lowered module printed as TVMScript, or
-    `invalid: <why>` where the config no longer lowers."""
+    `invalid: <why>` where the config no longer lowers (or its operator is gone). A path that is no file is
+    refused (FileNotFoundError naming it): an empty answer would prove nothing."""
     import search_spaces
     from search_spaces.template import target_from_json
 
-    for path in paths:
+    for path in existing_paths(paths):
         for r in records.load(path):
             if ops is not None and r.op not in ops:
                 continue
-            template = search_spaces.get(r.op)
             ident = f"{r.op} {r.device} {r.workload_key} {r.config_key}"
             try:
+                template = search_spaces.get(r.op)
                 w = template.Workload.from_json(r.workload)
                 target = target_from_json(r.target)
                 cfg = template.space(w, target).from_json(r.config)
@@ -47,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logs", nargs="+")
     parser.add_argument("--op", action="append", help="only these operators (repeatable)")
     args = parser.parse_args(argv)
+    try:
+        existing_paths(args.logs)
+    except FileNotFoundError as e:
+        parser.exit(2, f"python -m autotune.lowered: {e}\n")
     seen: set[str] = set()
     for ident, fp in fingerprints(args.logs, set(args.op) if args.op else None):
         if ident not in seen:  # a config measured twice is one line

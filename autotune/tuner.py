@@ -323,7 +323,7 @@ def _neighbours_best(task: Task, own: Sequence[records.Record], transfer: Sequen
     log's own tasks first (the same machine; the latest tuned first), then the transfer logs' in their order."""
     kind = task.device.name.split(":")[0]
     mine = (task.op, task.workload_key, task.device.name)
-    before = records.best([r for r in own if r.task == mine], *mine) if not include_stale else None
+    before = records.best(own, *mine)  # called while the task has no current success: an older code's, or none
 
     def bests(recs: Sequence[records.Record]) -> list[records.Record]:
         current = records.current(recs, include_stale)

@@ -32,3 +32,14 @@ def test_a_config_the_code_no_longer_takes_is_named_invalid(tmp_path):
     [(ident, fp)] = list(lowered.fingerprints([log]))
     assert ident.startswith("qmatmul cpu:") and fp.startswith("invalid: ")
     assert list(lowered.fingerprints([log], ops={"interaction"})) == []
+
+
+def test_a_log_that_is_no_file_is_refused_not_proven_empty(tmp_path, capsys):
+    import pytest
+
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(SystemExit) as exit_:
+        lowered.main([str(missing)])
+    assert exit_.value.code == 2 and "nope.jsonl" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        list(lowered.fingerprints([missing]))
