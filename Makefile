@@ -20,7 +20,7 @@ OP_TRIALS ?= 96
 # Your own runs go to logs/local/ (ignored by git); logs/cpu/ holds the shipped records.
 LOG     ?= logs/local/embedding_bag.jsonl
 
-.PHONY: tune tune-op test install clean
+.PHONY: tune tune-op test install clean readme-table
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,11 @@ ifeq ($(EXAMPLE),torchrec)
 else
 	$(BIN)/python examples/dlrm.py $(TUNING) --pooling $(POOLING) --log-dir $(MODEL_LOG)
 endif
+
+# `make readme-table`: the README's whole-model table becomes the last `make tune`'s summary (MODEL_LOG/summary.md,
+# stamped with its commit, CPU, date and command); refused unless that run was at the code checked out here.
+readme-table:
+	$(BIN)/python -m autotune.provenance $(MODEL_LOG)/summary.md README.md
 
 tune-op: $(STAMP) $(PEERS)
 	$(BIN)/autotune tune embedding_bag --device cpu --shape $(SHAPE) --trials $(OP_TRIALS) --log $(LOG)

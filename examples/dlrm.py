@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -288,6 +289,30 @@ def table(title: str, rows: Sequence[Row], skipped: Sequence[Contender]) -> str:
     return "\n".join(lines)
 
 
+def summary(tables: dict[int, tuple[Sequence[Row], Sequence[Contender]]]) -> str:
+    """One markdown table over the poolings (the README's): each contender's fresh-batch ms and x eager per
+    pooling, its max |out - eager| on the test batches per pooling, and notes (the contract's precision moves)."""
+    names = list(dict.fromkeys(r.name for rows, _ in tables.values() for r in rows))
+    by = {p: {r.name: r for r in rows} for p, (rows, _) in tables.items()}
+    per = lambda p: f"{p} per bag"  # noqa: E731
+    columns = ["contender", *(f"{per(p)}, ms | x eager" for p in tables),
+               f"max \\|out - eager\\| test ({' / '.join(str(p) for p in tables)})"]
+    lines = ["| " + " | ".join(columns) + " |", "|---" * (2 * len(tables) + 2) + "|"]
+    for name in names:
+        cells, notes = [], []
+        for p, rows in by.items():
+            r, eager = rows.get(name), next(iter(rows.values()))
+            cells.append(f"{r.fresh_s * 1e3:.2f} | {eager.fresh_s / r.fresh_s:.2f}" if r else "- | -")
+            if r and r.note:
+                notes.append(f"{per(p)}: {r.note}" if len(tables) > 1 else r.note)
+        errors = " / ".join(f"{by[p][name].error:.1e}" if name in by[p] else "-" for p in tables)
+        label = name + (f" ({'; '.join(notes)})" if notes else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {errors} |")
+    skipped = {c.name: c.skipped for _, skip in tables.values() for c in skip}
+    lines += [""] * bool(skipped) + [f"- {n}: {why}" for n, why in skipped.items()]
+    return "\n".join(lines)
+
+
 # ---- per-stage breakdown (--stages) -------------------------------------------------------------------------
 STAGES = ("embeddings", "interaction", "bottom", "top")
 
@@ -358,8 +383,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_pooling(model: DLRM, pooling: int, args: argparse.Namespace) -> tuple[str, bool]:
-    """One pooling's contenders built, measured and tabulated: (the table, whether ours kept their bounds)."""
+def run_pooling(model: DLRM, pooling: int, args: argparse.Namespace
+                ) -> tuple[str, list[Row], list[Contender], bool]:
+    """One pooling's contenders built, measured and tabulated: (the table, its rows, the skipped contenders,
+    whether ours kept their bounds)."""
     draw = lambda seed: make_batch(model, args.batch, (pooling, pooling), seed)  # noqa: E731
     example = draw(0)
     held_out = [draw(1 + i) for i in range(args.held_out)]  # validation: tune_model decides on them
@@ -374,7 +401,22 @@ def run_pooling(model: DLRM, pooling: int, args: argparse.Namespace) -> tuple[st
     ok = all(r.error <= (1e-2 if "int8" in r.name else 1e-4) for r in rows if r.name.startswith("ours"))
     title = (f"{pooling} {'index' if pooling == 1 else 'indices'} per bag, batch {args.batch}: fresh = a cycle of "
              f"{len(fresh)} batches, repeated = the example batch; median of {args.rounds} interleaved rounds")
-    return table(title, rows, [c for c in every if c.model is None]), ok
+    skipped = [c for c in every if c.model is None]
+    return table(title, rows, skipped), rows, skipped, ok
+
+
+def write_summary(body: str, args: argparse.Namespace) -> None:
+    """Print the run's summary stamped with its commit, CPU, date and command, and write it to
+    `--log-dir`/summary.md (`python -m autotune.provenance` pastes it into the README)."""
+    from autotune.provenance import stamp, stamped
+    from autotune.targets import host_cpu
+
+    text = stamped(stamp(f"cpu:{host_cpu()}"), body)
+    os.makedirs(args.log_dir, exist_ok=True)
+    path = os.path.join(args.log_dir, "summary.md")
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"\n== summary (fresh batches; written to {path})\n\n{text}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -384,13 +426,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = DLRM(rows).eval()
     print(f"DLRM: {len(rows)} tables ({sum(rows):,} rows x {DIM}, {sum(rows) * DIM * 4 / 2**20:.0f} MiB), "
           f"batch {args.batch}, pooling {args.pooling}, threads: PyTorch {torch.get_num_threads()}")
-    tables, ok = [], True
+    tables, measured, ok = [], {}, True
     for pooling in args.pooling:
-        text, kept = run_pooling(model, pooling, args)
+        text, rows, skipped, kept = run_pooling(model, pooling, args)
         tables.append(text)
+        measured[pooling] = (rows, skipped)
         ok &= kept
     print("\n== results (ms per batch; x eager: eager's time / the contender's, in the same regime)\n")
     print("\n\n".join(tables))
+    write_summary(summary(measured), args)
     if not ok:
         sys.exit("ours: outputs differ from eager beyond their bounds on the held-out batches")
 

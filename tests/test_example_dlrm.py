@@ -65,3 +65,17 @@ def test_the_command_line(dlrm):
     assert args.pooling == [8] and not args.max_autotune and args.fresh == 1
     with pytest.raises(SystemExit):
         dlrm.parse(["--pooling", "0"])
+
+
+def test_the_summary_puts_the_poolings_side_by_side_with_notes_and_errors(dlrm):
+    row = lambda name, ms, err, note="": dlrm.Row(name, ms / 1e3, ms / 1e3, err, 0.0, note)  # noqa: E731
+    one = [row("eager", 16.0, 0.0), row("ours int8", 4.0, 1.2e-3)]
+    eight = [row("eager", 18.0, 0.0), row("ours int8", 6.0, 3.7e-3, "top.2 in bf16")]
+    text = dlrm.summary({1: (one, [dlrm.Contender("torch.compile", skipped="--no-compile")]), 8: (eight, [])})
+    lines = text.splitlines()
+    assert lines[0] == ("| contender | 1 per bag, ms | x eager | 8 per bag, ms | x eager | "
+                        "max \\|out - eager\\| test (1 / 8) |")
+    assert lines[1].count("|---") == 6
+    assert lines[2] == "| eager | 16.00 | 1.00 | 18.00 | 1.00 | 0.0e+00 / 0.0e+00 |"
+    assert lines[3] == "| ours int8 (8 per bag: top.2 in bf16) | 4.00 | 4.00 | 6.00 | 3.00 | 1.2e-03 / 3.7e-03 |"
+    assert lines[-1] == "- torch.compile: --no-compile"
