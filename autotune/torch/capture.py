@@ -10,6 +10,7 @@ the rules see a TorchRec model's bags, interaction and Linears as they see a pla
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import operator
 from typing import Any, Iterator
@@ -66,6 +67,25 @@ def capture(model: torch.nn.Module, example_inputs: Any) -> fx.GraphModule:
     gm = ep.module()
     simplify(gm)
     return gm  # type: ignore[return-value]
+
+
+_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+          "_forward_hooks_always_called")
+
+
+def copy_captured(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of a captured model to rewrite in place: its own graph and attributes, the model's tensors shared
+    (not copied), and what `ep.module()` set beside the graph (its input checks, as forward hooks, and the
+    attributes they read). About a thousand times cheaper than capturing again (torch.export: seconds)."""
+    memo: dict[int, Any] = {id(v): v for m in gm.modules()
+                            for v in (*m._parameters.values(), *m._buffers.values(), *vars(m).values())
+                            if isinstance(v, torch.Tensor)}
+    out = copy.deepcopy(gm, memo)
+    for name, value in gm.__dict__.items():
+        out.__dict__.setdefault(name, value)
+    for name in _HOOKS:
+        setattr(out, name, copy.copy(getattr(gm, name)))
+    return out
 
 
 @contextlib.contextmanager

@@ -240,19 +240,21 @@ class Rewrite:
 def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
             ready: Callable[[GraphMatch], str | None] = lambda m: None,
             speed: SpeedCheck | None = None, unchecked: frozenset[str] = frozenset(),
-            floors: Mapping[str, str] = {}, timing_inputs: Sequence[Any] = ()) -> Rewrite:
+            floors: Mapping[str, str] = {}, timing_inputs: Sequence[Any] = (),
+            timings: _speed.Timings | None = None) -> Rewrite:
     """Rewrite `gm` in place, rule by rule (see the module docstring); `ready(match)` says why a match must be
     kept before it is tried (e.g. its kernel was not tuned), or None. With `speed`, a replacement that agrees
     is also timed against the code it replaces and kept out unless it is faster by `speed.margin`, except
     those of the rules named in `unchecked` (tune_model's whole-model check wires them in to time the model);
     each side's calls cycle through its values on the example inputs and on each batch of `timing_inputs`
     (fresh batches: rows a repeated batch would keep in cache are not all there, as in a model). The quantizing
-    rules leave alone the nodes whose floor is finer than their precision."""
+    rules leave alone the nodes whose floor is finer than their precision. `timings`: the replacements timed by
+    earlier rewrites of the same model (`speed.Timings`), not timed again."""
     out = Rewrite()
     claimed: set[fx.Node] = set()  # nodes of committed matches
     for rule in rules:
         _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, None if rule.name in unchecked else speed,
-                      floors, timing_inputs)
+                      floors, timing_inputs, timings)
     return out
 
 
@@ -265,7 +267,8 @@ class _Pending:
 
 def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
                   ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite,
-                  speed: SpeedCheck | None, floors: Mapping[str, str], timing_inputs: Sequence[Any]) -> None:
+                  speed: SpeedCheck | None, floors: Mapping[str, str], timing_inputs: Sequence[Any],
+                  timings: _speed.Timings | None) -> None:
     values = example_values(gm, example_inputs)
     attrs, replaced_before = _attr_names(gm), len(out.replaced)
     pending: list[_Pending] = []
@@ -287,14 +290,14 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
     added = {n for p in pending for n in p.added}
     env = _check_run(gm, example_inputs, added)
     verdicts = {id(p): _agrees(p, env) for p in pending}
-    timed = _timed(gm, [p for p in pending if not verdicts[id(p)][0]], env, added, timing_inputs) \
+    timed = _timed(gm, [p for p in pending if not verdicts[id(p)][0]], env, added, timing_inputs, timings) \
         if speed is not None else {}
     for p in pending:
         why, err = verdicts[id(p)]
         times: tuple[float, float] | tuple[None, None] = (None, None)
         slower = False
         if not why and speed is not None:
-            why, times = _pays(timed[id(p)], speed)
+            why, times = _pays(timed[id(p)], speed, timings)
             slower = times[0] is not None and bool(why)
         if why:
             out.kept.append(Kept(p.match.rule, p.match.where, why, slower))
@@ -322,21 +325,32 @@ def _agrees(p: _Pending, env: dict[fx.Node, Any]) -> tuple[str, float]:
     return why, err
 
 
-_Pair = tuple[_speed.Subgraph, _speed.Subgraph]
+@dataclass
+class _Pair:
+    """A match's old and new code as subgraphs, and its key in the call's `Timings` (None: not kept)."""
+
+    old: _speed.Subgraph
+    new: _speed.Subgraph
+    key: Any = None
 
 
 def _timed(gm: fx.GraphModule, pending: list[_Pending], env: dict[fx.Node, Any], added: set[fx.Node],
-           timing_inputs: Sequence[Any]) -> dict[int, _Pair | str]:
+           timing_inputs: Sequence[Any], timings: _speed.Timings | None) -> dict[int, _Pair | str]:
     """Per match, its old and new code as subgraphs on the check run's values, each cycling through its inputs'
-    values on every batch of `timing_inputs` too (or why they cannot be built)."""
+    values on every batch of `timing_inputs` too unless `timings` has them timed already (or why they cannot be
+    built)."""
     out: dict[int, _Pair | str] = {}
     for p in pending:
         try:
-            out[id(p)] = (_speed.subgraph(gm, p.match.nodes, p.match.outputs, env),
-                          _speed.subgraph(gm, p.added, p.new, env))
+            pair = _Pair(_speed.subgraph(gm, p.match.nodes, p.match.outputs, env),
+                         _speed.subgraph(gm, p.added, p.new, env))
+            if timings is not None:
+                pair.key = timings.key(p.match, pair.old, pair.new)
+            out[id(p)] = pair
         except Exception as err:  # noqa: BLE001 -- a replacement that cannot be timed is not shown to pay
             out[id(p)] = f"timing the replacement raised {type(err).__name__}: {err}"
-    pairs = [sub for v in out.values() if not isinstance(v, str) for sub in v]
+    pairs = [sub for v in out.values() if isinstance(v, _Pair) and (timings is None or timings.get(v.key) is None)
+             for sub in (v.old, v.new)]
     if pairs and timing_inputs:
         needed = {n for sub in pairs for n in sub.inputs}
         computed = {n for n in added if n.op not in _speed.INPUTS}  # a new get_attr (a packed weight) is an input
@@ -365,16 +379,24 @@ def _values_of(gm: fx.GraphModule, inputs: Any, needed: set[fx.Node], skip: set[
     return {n: interp.env[n] for n in needed}
 
 
-def _pays(pair: _Pair | str, check: SpeedCheck) -> tuple[str, tuple[float, float] | tuple[None, None]]:
+def _pays(pair: _Pair | str, check: SpeedCheck, timings: _speed.Timings | None
+          ) -> tuple[str, tuple[float, float] | tuple[None, None]]:
     """(why the replacement does not pay, or "", (old, new) seconds): the match's whole group of old nodes
-    against all its new ones (`_timed`), in inference mode as the rewritten model serves."""
+    against all its new ones (`_timed`), in inference mode as the rewritten model serves; once per call where
+    `timings` keeps them."""
     if isinstance(pair, str):
         return pair, (None, None)
-    try:
-        with torch.inference_mode():
-            old_s, new_s = _speed.time_pair(*pair, check)
-    except Exception as err:  # noqa: BLE001 -- a replacement that cannot be timed is not shown to pay
-        return f"timing the replacement raised {type(err).__name__}: {err}", (None, None)
+    known = timings.get(pair.key) if timings is not None else None
+    if known is not None:
+        old_s, new_s = known
+    else:
+        try:
+            with torch.inference_mode():
+                old_s, new_s = _speed.time_pair(pair.old, pair.new, check)
+        except Exception as err:  # noqa: BLE001 -- a replacement that cannot be timed is not shown to pay
+            return f"timing the replacement raised {type(err).__name__}: {err}", (None, None)
+        if timings is not None:
+            timings.put(pair.key, (old_s, new_s))
     return _speed.slower(old_s, new_s, check), (old_s, new_s)
 
 

@@ -21,7 +21,7 @@ from search_spaces.template import PRECISIONS, GraphMatch, Kept, Reduced, finer
 from . import accuracy
 from .accuracy import AccuracyReport, Batch, BatchError, LayerPrecision, Tolerance
 from .dense import RELUS
-from .graph import Rewrite, capture
+from .graph import Rewrite
 from .speed import ms
 from .whole_model import Rewriter
 
@@ -125,9 +125,8 @@ class PrecisionLadder:
         bf16 = {node for node, floor in now.floors.items() if floor == finer(PRECISIONS[0])}
         if not int8 or not bf16:
             return []
-        gm = capture(self.rw.model, self.rw.args)
         found = []
-        for n in gm.graph.nodes:
+        for n in self.gm.graph.nodes:
             if n.name not in int8:
                 continue
             outs = [n, *(u for u in n.users if is_call(u, *RELUS))]

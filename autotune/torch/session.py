@@ -192,6 +192,17 @@ class TuningSession:
 
         return ready
 
+    def kernels(self, match: GraphMatch) -> tuple[tuple[Any, str | None], ...]:
+        """The kernel each of the match's tasks runs now (its chosen record's config; None: none yet), for
+        `speed.Timings`: a replacement timed on other kernels is timed again."""
+        by_key = {t.key: t for t in self.tasks}
+        out = []
+        for op, fields in match.tasks:
+            key = task_key(op, fields, self.device.name)
+            t = by_key.get(key)
+            out.append((key, t.record.config_key if t is not None and t.record is not None else None))
+        return tuple(out)
+
     def _task(self, t: TaskReport) -> Any:
         from ..task import make_task
 

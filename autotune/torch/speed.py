@@ -18,12 +18,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import torch
 import torch.fx as fx
 
-__all__ = ["SpeedCheck", "Subgraph", "ms", "slower", "subgraph", "time_pair"]
+__all__ = ["SpeedCheck", "Subgraph", "Timings", "ms", "slower", "subgraph", "time_pair"]
 
 INPUTS = ("placeholder", "get_attr")  # nodes whose values a subgraph takes as inputs, not recomputes
 
@@ -102,6 +102,52 @@ def subgraph(gm: fx.GraphModule, nodes: Iterable[fx.Node], outputs: Sequence[fx.
     g.output(tuple(value_of(o) for o in outputs))
     # gm as root: a call_module among `nodes` finds its module
     return Subgraph(fx.GraphModule(gm, g), [env[n] for n in inputs], inputs)
+
+
+class Timings:
+    """The (old, new) seconds of each replacement timed so far in one tune_model call, by what decides them: the
+    match (rule, sites, what it does), both sides' code and the dtypes and shapes they are fed, and the kernels
+    its tasks run (`kernels(match)`: each task's chosen config). The precision ladder and the whole-model checks
+    rewrite the model a dozen times, mostly into the same replacements: each is timed once, and its verdict
+    stays the same in every rewrite instead of being drawn again from a noisy timer."""
+
+    def __init__(self, kernels: Callable[[Any], Hashable] = lambda match: ()):
+        self._kernels = kernels
+        self._seen: dict[Hashable, tuple[float, float]] = {}
+
+    def key(self, match: Any, old: Subgraph, new: Subgraph) -> Hashable:
+        return (match.rule, match.what, match.where, tuple(n.name for n in match.nodes), self._kernels(match),
+                signature(old), signature(new))
+
+    def get(self, key: Hashable) -> tuple[float, float] | None:
+        return self._seen.get(key)
+
+    def put(self, key: Hashable, times: tuple[float, float]) -> None:
+        self._seen[key] = times
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+def signature(sub: Subgraph) -> Hashable:
+    """A subgraph's code (node names aside: a rewrite's counters differ) and the dtypes and shapes of its inputs."""
+    index: dict[fx.Node, int] = {}
+    code = []
+    for i, n in enumerate(sub.module.graph.nodes):
+        index[n] = i
+        args = fx.node.map_arg((n.args, n.kwargs), lambda a: f"%{index[a]}")
+        code.append((n.op, "" if n.op == "placeholder" else str(n.target), repr(args)))
+    return tuple(code), tuple(_meta(v) for v in sub.values)
+
+
+def _meta(v: Any) -> Hashable:
+    if isinstance(v, torch.Tensor):
+        return ("tensor", str(v.dtype), tuple(v.shape), str(v.device))
+    if isinstance(v, (list, tuple)):
+        return tuple(_meta(x) for x in v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return type(v).__name__
 
 
 def time_pair(old: Callable[[], Any], new: Callable[[], Any], check: SpeedCheck) -> tuple[float, float]:

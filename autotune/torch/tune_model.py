@@ -45,7 +45,7 @@ from .ladder import PrecisionLadder, reduced_layers
 from .report import TaskReport, TuneModelReport
 from .rules import collect_rules
 from .session import TuningSession
-from .speed import SpeedCheck
+from .speed import SpeedCheck, Timings
 from .whole_model import Rewriter, measure
 
 __all__ = ["TaskReport", "Tolerance", "TuneModelReport", "tune_model"]
@@ -100,7 +100,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     session = TuningSession(device, log_dir, trials, shipped=shipped, progress=progress, runner=runner,
                             builder=builder, budget=budget, retune=retune)  # bad settings refused before any work
     args = as_args(example_inputs)
-    gm = capture(model, args)  # never rewritten: discovery, node times and the simulated int8 layers
+    gm = capture(model, args)  # never rewritten (copies are): discovery, node times, the simulated int8 layers
     checks = accuracy.check_batches(model, args, check_inputs)
     tests = accuracy.test_batches(model, args, test_inputs)
     timed = require_speedup or bench_rounds > 0
@@ -113,7 +113,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
         report.note = "nothing in this model is served by a tuned operator; the model comes back unchanged"
         return model, report
     rw = Rewriter(model, args, timing, ruleset, (speed or SpeedCheck()) if require_speedup else None, session,
-                  node_times(gm, args), report)
+                  node_times(gm, args), report, Timings(session.kernels), gm)
     # a fusion's alternatives may run layers in int8 too
     ladder = PrecisionLadder(rw, gm, checks, contract, reduced_layers([*found.matches, *found.alternatives]))
     with session:

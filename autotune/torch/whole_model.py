@@ -1,9 +1,10 @@
 """The model rewritten as a whole, and judged as a whole: what a replacement's own speed check cannot see.
 
-`Rewriter.rewritten(floors)` captures the model afresh, tunes the tasks its sites need (through the session),
-runs the rules, then asks the whole model two questions by timing it: does a rule whose replacements each lost
-their own check pay off across its neighbours (`whole_model_check`), and does each group of fusing rules beat
-the rules it fuses (`fusion_check`)? `measure` times eager against the result.
+`Rewriter.rewritten(floors)` takes the captured model afresh (a copy of one capture), tunes the tasks its sites
+need (through the session), runs the rules, then asks the whole model two questions by timing it: does a rule
+whose replacements each lost their own check pay off across its neighbours (`whole_model_check`), and does each
+group of fusing rules beat the rules it fuses (`fusion_check`)? A replacement is timed once per call
+(`speed.Timings`), however many rewrites meet it. `measure` times eager against the result.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.utils import _pytree as pytree
 from search_spaces.template import GraphRule
 
 from . import speed as _speed
+from .capture import copy_captured
 from .graph import Rewrite, capture, discover, rewrite
 from .report import TuneModelReport
 from .session import TuningSession
@@ -42,13 +44,21 @@ class Rewriter:
     session: TuningSession
     times: dict[str, float]  # node name -> eager seconds on the example inputs (each task's share)
     report: TuneModelReport
+    timings: _speed.Timings = dataclasses.field(default_factory=_speed.Timings)  # replacements timed so far
+    captured: Any = None  # the model captured once, never rewritten (None: captured on first use)
+
+    def fresh(self) -> Any:
+        """The model as captured, to rewrite in place: a copy of the one capture (`capture.copy_captured`)."""
+        if self.captured is None:
+            self.captured = capture(self.model, self.args)
+        return copy_captured(self.captured)
 
     def rewritten(self, floors: dict[str, str]) -> tuple[Any, Rewrite]:
-        """The model captured afresh and rewritten with each layer no coarser than its floor (those at "fp32" left
-        to the fp32 rules): the tasks its sites need tuned (those this call has not tuned yet), the package
-        exported and loaded, the rules run, and with speed checks the whole-model and fusion checks."""
+        """The model as captured (a fresh copy) and rewritten with each layer no coarser than its floor (those at
+        "fp32" left to the fp32 rules): the tasks its sites need tuned (those this call has not tuned yet), the
+        package exported and loaded, the rules run, and with speed checks the whole-model and fusion checks."""
         self.report.whole_model.clear()  # this rewrite's verdicts only
-        gm = capture(self.model, self.args)
+        gm = self.fresh()
         found = discover(gm, self.args, self.ruleset, floors)
         self.session.tune(self.session.add([*found.matches, *found.alternatives], self.times))
         return self.rewrite(gm, floors)
@@ -58,7 +68,8 @@ class Rewriter:
         """`gm` rewritten by this rewriter's rules on the kernels tuned so far, then (with speed checks) judged as
         a whole, and each group of fusing rules against the rules it fuses where `fusions` (`wired`: rules whose
         replacements go in unchecked, judged by the caller)."""
-        done = rewrite(gm, self.args, self.ruleset, self.session.ready(), self.check, wired, floors, self.timing[1:])
+        done = rewrite(gm, self.args, self.ruleset, self.session.ready(), self.check, wired, floors, self.timing[1:],
+                       self.timings)
         if self.check is not None and not wired:
             gm, done = whole_model_check(self, gm, done, floors)
             if fusions:
@@ -86,7 +97,7 @@ def whole_model_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, st
     for rule in rw.ruleset:
         if not any(k.slower and k.rule == rule.name for k in done.kept):
             continue
-        alt_gm, alt = rw.rewrite(capture(rw.model, rw.args), floors, wired | {rule.name})
+        alt_gm, alt = rw.rewrite(rw.fresh(), floors, wired | {rule.name})
         now_s, alt_s = rw.time_pair(gm, alt_gm)
         faster = alt_s <= now_s * (1.0 - rw.check.margin)
         rw.report.whole_model.append(f"{rule.name}: the model takes {ms(alt_s)} with its replacements, "
@@ -110,7 +121,7 @@ def fusion_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, str]) -
         apart = dataclasses.replace(rw, ruleset=[r for r in rw.ruleset if r not in group])
         names = " and ".join(r.name for r in fusing)
         before = len(rw.report.whole_model)
-        alt_gm, alt = apart.rewrite(capture(rw.model, rw.args), floors, fusions=False)
+        alt_gm, alt = apart.rewrite(rw.fresh(), floors, fusions=False)
         rw.report.whole_model[before:] = [f"without {names}, {v}" for v in rw.report.whole_model[before:]]
         fused_s, apart_s = rw.time_pair(gm, alt_gm)
         faster = fused_s <= apart_s * (1.0 - rw.check.margin)
