@@ -371,6 +371,38 @@ def test_the_speed_check_times_the_real_code_and_keeps_a_slower_replacement(mode
     assert new_ms >= 1000.0 and _slow_sigmoid not in _graph_ops(gm)
 
 
+def test_a_replacement_is_timed_once_per_call_however_many_rewrites_meet_it(model, monkeypatch):
+    """The precision ladder and the whole-model checks rewrite fresh copies of one capture again and again: a
+    replacement met again (same sites, code, inputs and kernels) keeps its first timing; on other kernels it is
+    timed again. The capture itself is never rewritten, and its copies keep its input checks."""
+    from autotune.torch import speed
+    from autotune.torch.capture import copy_captured
+
+    args = make_batch(model, BATCH)
+    captured = G.capture(model, args)
+    rules = [node_rule("relu", aten.relu.default, relu_to_clamp)]
+    check = G.SpeedCheck(rounds=1, seconds=0.001)
+    calls: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(speed, "time_pair", fake_timer(1e-3, 0.5e-3, calls))
+    kernels = {"now": "config a"}
+    timings = speed.Timings(lambda match: kernels["now"])
+    first = G.rewrite(copy_captured(captured), args, rules, speed=check, timings=timings)
+    assert len(first.replaced) == 3 and len(calls) == 3 and len(timings) == 3
+    copy = copy_captured(captured)
+    again = G.rewrite(copy, args, rules, speed=check, timings=timings)
+    assert len(calls) == 3 and [(r.where, r.old_s, r.new_s) for r in again.replaced] == \
+        [(r.where, r.old_s, r.new_s) for r in first.replaced]
+    kernels["now"] = "config b"
+    G.rewrite(copy_captured(captured), args, rules, speed=check, timings=timings)
+    assert len(calls) == 6 and len(timings) == 6
+    assert aten.relu.default in _graph_ops(captured) and aten.relu.default not in _graph_ops(copy)
+    assert dict(copy.named_parameters()).keys() == dict(captured.named_parameters()).keys()
+    assert all(a is b for a, b in zip(copy.parameters(), captured.parameters()))
+    dense, *rest = args
+    with pytest.raises(Exception, match="Guard failed"):
+        copy(dense[:, :-1], *rest)
+
+
 def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model, monkeypatch):
     """The interaction's nodes as one subgraph: it reads x and the 3 embeddings and recomputes the rest."""
     from autotune import runtime
