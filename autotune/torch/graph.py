@@ -327,7 +327,7 @@ def _agrees(p: _Pending, env: dict[fx.Node, Any]) -> tuple[str, float]:
 
 @dataclass
 class _Pair:
-    """A match's old and new code as subgraphs, and its key in the call's `Timings` (None: not kept)."""
+    """A match's old and new code as subgraphs, and its key in the call's `Timings` (None: no Timings kept)."""
 
     old: _speed.Subgraph
     new: _speed.Subgraph
