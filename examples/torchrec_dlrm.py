@@ -33,7 +33,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dlrm import (PT2E, TORCHAO, Contender, Row, _built, add_run_options, check_run_options,  # noqa: E402
-                  measure, ours)  # (this folder's DLRM example)
+                  measure, ours, write_summary)  # (this folder's DLRM example)
 
 # MLPerf DLRMv2's 26 categorical features (Criteo 1TB, as its reference trains them): rows per table, and ids
 # per sample in its multi-hot data set.
@@ -251,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ok &= kept
     print(f"\n== results ({time.perf_counter() - t0:.0f} s in all)\n")
     print("\n\n".join(tables))
+    write_summary("\n\n".join(tables), args)
     if not ok:
         sys.exit("ours: outputs differ from eager beyond their bounds on the held-out batches")
 

@@ -79,3 +79,15 @@ def test_the_summary_puts_the_poolings_side_by_side_with_notes_and_errors(dlrm):
     assert lines[2] == "| eager | 16.00 | 1.00 | 18.00 | 1.00 | 0.0e+00 / 0.0e+00 |"
     assert lines[3] == "| ours int8 (8 per bag: top.2 in bf16) | 4.00 | 4.00 | 6.00 | 3.00 | 1.2e-03 / 3.7e-03 |"
     assert lines[-1] == "- torch.compile: --no-compile"
+
+
+def test_the_summary_is_printed_and_written_stamped_with_its_run(dlrm, tmp_path, capsys):
+    import argparse
+
+    from autotune.provenance import read_stamp
+
+    dlrm.write_summary("| a | table |", argparse.Namespace(log_dir=str(tmp_path / "logs")))
+    text = (tmp_path / "logs" / "summary.md").read_text()
+    s = read_stamp(text)
+    assert s.cpu.startswith("cpu:") and s.commit and text.rstrip().endswith("| a | table |")
+    assert text in capsys.readouterr().out
