@@ -403,6 +403,21 @@ def test_a_replacement_is_timed_once_per_call_however_many_rewrites_meet_it(mode
         copy(dense[:, :-1], *rest)
 
 
+def test_the_graphs_values_are_run_again_only_after_a_rule_changed_it(model, monkeypatch):
+    args = make_batch(model, BATCH)
+    gm = G.capture(model, args)
+    runs: list[int] = []
+    real = G.example_values
+    monkeypatch.setattr(G, "example_values", lambda *a: runs.append(1) or real(*a))
+    rules = [node_rule("none", aten.tanh.default, relu_to_clamp), node_rule("relu", aten.relu.default, relu_to_clamp),
+             node_rule("none again", aten.tanh.default, relu_to_clamp),
+             node_rule("refused", aten.sigmoid.default, sigmoid_to_tanh),
+             node_rule("sigmoid", aten.sigmoid.default, lambda gm, n: gm.graph.call_function(torch.sigmoid, n.args))]
+    done = G.rewrite(gm, args, rules)
+    assert [r.rule for r in done.replaced] == ["relu"] * 3 + ["sigmoid"] and [k.rule for k in done.kept] == ["refused"]
+    assert len(runs) == 2  # before the first rule and after "relu" replaced: not after the passes that changed nothing
+
+
 def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model, monkeypatch):
     """The interaction's nodes as one subgraph: it reads x and the 3 embeddings and recomputes the rest."""
     from autotune import runtime

@@ -252,9 +252,13 @@ def rewrite(gm: fx.GraphModule, example_inputs: Any, rules: Sequence[GraphRule],
     earlier rewrites of the same model (`speed.Timings`), not timed again."""
     out = Rewrite()
     claimed: set[fx.Node] = set()  # nodes of committed matches
+    values: dict[str, Any] | None = None  # the graph's example values, run again only after a rule changed it
     for rule in rules:
-        _rewrite_rule(gm, example_inputs, rule, ready, claimed, out, None if rule.name in unchecked else speed,
-                      floors, timing_inputs, timings)
+        if values is None:
+            values = example_values(gm, example_inputs)
+        if _rewrite_rule(gm, example_inputs, values, rule, ready, claimed, out,
+                         None if rule.name in unchecked else speed, floors, timing_inputs, timings):
+            values = None
     return out
 
 
@@ -265,11 +269,12 @@ class _Pending:
     added: list[fx.Node]
 
 
-def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
+def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, values: dict[str, Any], rule: GraphRule,
                   ready: Callable[[GraphMatch], str | None], claimed: set[fx.Node], out: Rewrite,
                   speed: SpeedCheck | None, floors: Mapping[str, str], timing_inputs: Sequence[Any],
-                  timings: _speed.Timings | None) -> None:
-    values = example_values(gm, example_inputs)
+                  timings: _speed.Timings | None) -> bool:
+    """One rule's pass over `gm` (`values`: its example values now); whether it replaced anything (else the
+    graph computes what it did, and its values stand for the next rule)."""
     attrs, replaced_before = _attr_names(gm), len(out.replaced)
     pending: list[_Pending] = []
     for found in _find(rule, gm, values, set(claimed), floors):
@@ -286,7 +291,7 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
         else:
             pending.append(p)
     if not pending:
-        return
+        return False
     added = {n for p in pending for n in p.added}
     env = _check_run(gm, example_inputs, added)
     verdicts = {id(p): _agrees(p, env) for p in pending}
@@ -308,10 +313,12 @@ def _rewrite_rule(gm: fx.GraphModule, example_inputs: Any, rule: GraphRule,
             out.replaced.append(Replaced(p.match.rule, p.match.what, p.match.where, err, *times, p.match.reduced))
     gm.graph.eliminate_dead_code(is_impure_node=_impure)
     _drop_unused_attrs(gm, attrs)
-    if len(out.replaced) > replaced_before:
+    changed = len(out.replaced) > replaced_before
+    if changed:
         simplify(gm)  # what a rewrite left to look through (the batched launch's per-table views re-joined)
     gm.graph.lint()
     gm.recompile()
+    return changed
 
 
 def _agrees(p: _Pending, env: dict[fx.Node, Any]) -> tuple[str, float]:
