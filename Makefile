@@ -12,7 +12,9 @@ TRIALS  ?= 8
 # BUDGET=SECONDS: each tune_model call tunes for that long, batch by batch where the model's time goes (TRIALS then
 # caps each task); unset, every task gets TRIALS configs.
 BUDGET  ?=
-TUNING  := --trials $(TRIALS) $(if $(BUDGET),--budget $(BUDGET))
+# RETUNE=1: tune the tasks the shipped records cover too (they then only compete with what this run measures).
+RETUNE  ?=
+TUNING  := --trials $(TRIALS) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RETUNE),--retune)
 POOLING ?= 1 8
 MODEL_LOG ?= logs/local/dlrm
 # `make tune-op`: one operator, embedding-bag, tuned at a DLRM shape, then benchmarked against PyTorch.

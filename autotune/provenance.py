@@ -58,7 +58,7 @@ def stamp(cpu: str, argv: Sequence[str] | None = None, root: str | Path | None =
     except (OSError, subprocess.CalledProcessError):
         commit, dirty = "unknown", False
     argv = list(sys.argv if argv is None else argv)
-    command = shlex.join([Path(sys.executable).name if a == sys.executable else a for a in argv])
+    command = shlex.join(["python", *argv] if argv and argv[0].endswith(".py") else argv)  # a script: as run
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     return Stamp(commit, dirty, cpu, now, command)
 
@@ -89,6 +89,11 @@ def replace_block(text: str, name: str, content: str) -> str:
 def code_changed_since(commit: str, root: str | Path) -> list[str]:
     """The files a run executes (all but documents, `*.md`, and `tests/`) that differ between `commit` and the
     checkout at `root` (its work tree)."""
+    try:
+        _git(Path(root), "cat-file", "-e", f"{commit}^{{commit}}")
+    except subprocess.CalledProcessError:
+        raise ValueError(f"the run's commit {commit} is not in the history of {root}: run it in this checkout") \
+            from None
     out = _git(Path(root), "diff", "--name-only", commit, "--", ".", ":(exclude)*.md", ":(exclude)tests/**")
     return [line for line in out.splitlines() if line]
 

@@ -49,6 +49,20 @@ def test_a_stamp_names_the_commit_cpu_date_and_command_and_reads_back(repo):
         provenance.read_stamp("| a table |\n")
 
 
+def test_a_scripts_command_is_written_as_run_with_python(repo):
+    assert provenance.stamp("cpu:x", ["examples/dlrm.py", "--trials", "8"], root=repo).command == \
+        "python examples/dlrm.py --trials 8"
+
+
+def test_a_summary_of_a_commit_this_checkout_lacks_is_refused_by_name(repo):
+    path = summary(repo)
+    text = path.read_text()
+    head = provenance.read_stamp(text).commit
+    path.write_text(text.replace(head, "0123456789ab", 1))
+    with pytest.raises(SystemExit, match="the run's commit 0123456789ab is not in the history of"):
+        provenance.main([str(path), str(repo / "README.md")])
+
+
 def test_outside_git_the_commit_is_unknown(tmp_path):
     assert provenance.stamp("cpu:x", ["y"], root=tmp_path).commit == "unknown"
 
