@@ -114,6 +114,25 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def _built_here(out: Path, tvm_version: str) -> dict[str, dict[str, Any]]:
+    """The kernel entries (by file) of the package already at `out`, where this TVM built it ({} otherwise)."""
+    try:
+        manifest = read_manifest(out)
+    except (FileNotFoundError, ValueError):
+        return {}
+    if manifest.get("tvm_version") != tvm_version:
+        return {}
+    return {e["file"]: e for e in manifest.get("kernels", []) if isinstance(e, dict) and isinstance(e.get("file"), str)}
+
+
+def _same_build(entry: dict[str, Any] | None, lib: Path, target: str) -> bool:
+    """Whether `lib`, named by what it holds (op, workload, device, config, template version), is the kernel an
+    earlier export built for `target` and listed, unaltered: then exporting again (tune_model exports after
+    each batch of new tasks) need not build it again."""
+    return (entry is not None and entry.get("target") == target and lib.is_file()
+            and entry.get("sha256") == file_sha256(lib))
+
+
 def export(records: Iterable[Any], out: str | Path, builder: Any = None,
            speedups: dict[tuple[str, str, str], float] | None = None) -> dict[str, Any]:
     """Compile each record's config and write a package; returns the manifest.
@@ -131,24 +150,25 @@ def export(records: Iterable[Any], out: str | Path, builder: Any = None,
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; a package is a directory")
     (out / "kernels").mkdir(parents=True, exist_ok=True)
+    earlier = _built_here(out, tvm.__version__)
     entries = []
     own = builder is None
     builder = builder or Builder()
     try:
         for rec in records:
             task = make_task(rec.op, rec.device, workload=search_spaces.get(rec.op).Workload.from_json(rec.workload))
-            cfg = task.space.from_json(rec.config)
-            (built,) = builder.build(task, [cfg])
-            if built.lib is None:
-                raise RuntimeError(f"{rec.op} {rec.workload_key} on {rec.device}: the logged config no longer "
-                                   f"builds: {built.error_kind}: {built.error}")
             # named by what it is, not by its position: a process that loaded an earlier package at this path
             # would otherwise be handed the old library again by the dynamic loader
             built_by = task.template_version  # this code built the kernel, whatever code the record timed
             ident = hashlib.sha256(json.dumps([rec.op, rec.workload_key, rec.device, rec.config, built_by],
                                               sort_keys=True).encode()).hexdigest()[:16]
             name = f"{rec.op.rsplit('.', 1)[-1]}-{rec.device.replace(':', '_')}-{ident}.so"
-            shutil.move(built.lib, out / "kernels" / name)
+            if not _same_build(earlier.get(f"kernels/{name}"), out / "kernels" / name, rec.target):
+                (built,) = builder.build(task, [task.space.from_json(rec.config)])
+                if built.lib is None:
+                    raise RuntimeError(f"{rec.op} {rec.workload_key} on {rec.device}: the logged config no longer "
+                                       f"builds: {built.error_kind}: {built.error}")
+                shutil.move(built.lib, out / "kernels" / name)
             entries.append({"file": f"kernels/{name}", "op": rec.op, "workload": rec.workload,
                             "workload_key": rec.workload_key, "device": rec.device, "target": rec.target,
                             "config": rec.config, "template_version": built_by,

@@ -203,6 +203,35 @@ def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model
     assert report.accuracy.holds
 
 
+def test_the_ladders_steps_are_drafts_and_only_the_model_that_holds_is_judged_whole(tmp_path, monkeypatch):
+    """With speed checks, the steps towards the contract are rewritten without the whole-model and fusion checks
+    (each replacement still timed); the first draft that holds is rewritten again, judged, and returned."""
+    from autotune.torch import speed
+    from autotune.torch.whole_model import Rewriter
+
+    judged: list[bool] = []
+    rewritten = Rewriter.rewritten
+
+    def spy(self: Any, floors: dict[str, str], judged_: bool = True) -> Any:
+        judged.append(judged_)
+        return rewritten(self, floors, judged_)
+
+    monkeypatch.setattr(Rewriter, "rewritten", spy)
+    # each replacement beats its fp32 code; a whole model runs slower with int8 layers moved up
+    monkeypatch.setattr(speed, "time_pair", lambda old, new, c: (2e-3, 1e-3) if isinstance(old(), tuple)
+                        else (1e-3, 2e-3))
+    model, args = mlp(), batch()
+    rule = noisy_rule({"0": 0.0, "2": 0.5, "4": 1e-4}, simulated={"0": 0.0, "2": 1e-4, "4": 2e-4})
+    _, report = tune(model, args, tmp_path, rules=[rule], tolerance=1e-2, require_speedup=True,
+                     speed=at.SpeedCheck(rounds=1, seconds=0.001))
+    assert precisions(report) == {"0": "int8", "2": "fp32", "4": "fp32"}, str(report)
+    # three drafts, the one that holds judged, then finer_if_faster's tries (judged: they are timed whole)
+    assert judged[:4] == [False, False, False, True] and all(judged[4:]) and report.accuracy.holds
+    judged.clear()  # without speed checks there is nothing to judge: each step is the model
+    tune(model, args, tmp_path, rules=[rule], tolerance=1e-2)
+    assert judged == [True, True, True]
+
+
 def test_a_replacement_right_only_on_the_example_is_caught_on_held_out_batches(tmp_path):
     """The replacement is the example's output, a constant: exact on the example, wrong on any other batch."""
     model, args = mlp(), batch()

@@ -1,6 +1,7 @@
 """Kernel packages: exported from records, run where TVM's compiler is not installed."""
 
 import json
+import random
 import subprocess
 import sys
 
@@ -44,6 +45,32 @@ def test_exported_cpu_kernels_run_and_check_without_the_tvm_compiler(tmp_path, c
                           capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(fake.parent)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:2] == ["embedding_bag None None 2", "False"]
+
+
+def test_exporting_again_builds_only_what_the_package_does_not_already_hold(tmp_path, cpu_builder):
+    """A kernel an earlier export to the same directory built (same name: op, workload, device, config, template
+    version; same target, TVM and file digest) is kept, not built again; one altered on disk is rebuilt."""
+    task = make_task("embedding_bag", "cpu", rows=100, dim=16, batch=8, pooling=(0, 5), mode="mean")
+    default = task.space.default()
+    rng = random.Random(0)
+    other = next(c for c in (task.space.sample(rng) for _ in range(50)) if c != default)
+    recs = [task.record(c, costs=(1e-5,), error_kind=None, error=None, build_s=0.1) for c in (default, other)]
+    built: list[object] = []
+
+    class Counting:
+        def build(self, t, configs):
+            built.extend(configs)
+            return cpu_builder.build(t, configs)
+
+    first = export(recs[:1], tmp_path / "pkg", builder=Counting())
+    assert len(built) == 1
+    second = export(recs, tmp_path / "pkg", builder=Counting())
+    assert built == [default, other]  # the first kernel kept, the second built
+    assert second["kernels"][0]["sha256"] == first["kernels"][0]["sha256"]
+    lib = tmp_path / "pkg" / second["kernels"][0]["file"]
+    lib.write_bytes(lib.read_bytes() + b"\0")  # altered: no longer the kernel the manifest lists
+    third = export(recs, tmp_path / "pkg", builder=Counting())
+    assert built == [default, other, default] and third["kernels"][0]["sha256"] == first["kernels"][0]["sha256"]
 
 
 def test_reading_a_broken_package_is_a_clear_error(tmp_path):

@@ -444,6 +444,33 @@ def test_a_group_is_timed_as_a_whole_on_the_values_it_reads(model, monkeypatch):
     assert new >= 1.0 > old
 
 
+def test_time_pair_stops_once_the_rounds_decide_clearly(monkeypatch):
+    """A verdict every round agrees on by a clear gap stops after `early_rounds`; a close one takes every round."""
+    from autotune import bench
+    from autotune.torch import speed
+
+    def timer(new_over_old: list[float]) -> tuple[list[str], Callable[..., float]]:
+        sides: list[str] = []
+
+        def median_seconds(fn: Callable[[], Any], seconds: float) -> float:
+            sides.append(fn())
+            return 1e-3 if sides[-1] == "old" else 1e-3 * new_over_old[len(sides) // 2 - 1]
+        return sides, median_seconds
+
+    check = G.SpeedCheck(model_rounds=9).for_models()
+    for ratios, rounds in [([0.7] * 9, 3), ([1.3] * 9, 3), ([0.7, 0.7, 0.95] + [0.7] * 6, 9),
+                           ([0.96] * 9, 9), ([0.7, 1.3] * 5, 9)]:
+        sides, median_seconds = timer(ratios)
+        monkeypatch.setattr(bench, "median_seconds", median_seconds)
+        old, new = speed.time_pair(lambda: "old", lambda: "new", check)
+        assert len(sides) == 2 * rounds and sides[:2] == ["old", "new"], (ratios, sides)
+        assert old == 1e-3
+    assert not G.SpeedCheck(early_rounds=3).decided([1.0, 1.0], [0.5, 0.5])  # too few rounds yet
+    assert G.SpeedCheck(early_rounds=2).decided([1.0, 1.0], [0.5, 0.5])
+    with pytest.raises(ValueError, match="clear"):
+        G.SpeedCheck(clear=-0.1)
+
+
 def test_rewrite_refuses_what_ready_refuses_and_overlapping_matches(model):
     args = make_batch(model, BATCH)
     gm = G.capture(model, args)

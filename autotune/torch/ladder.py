@@ -42,6 +42,7 @@ class Outcome:
     done: Rewrite
     errors: list[BatchError]
     floors: dict[str, str]
+    judged: bool = True  # False: a draft, without the whole-model and fusion checks (`Rewriter.rewritten`)
 
     @property
     def holds(self) -> bool:
@@ -68,18 +69,26 @@ class PrecisionLadder:
             self._known[key] = accuracy.layer_shares(self.gm, self.checks, [layer], self.contract)[layer.node]
         return self._known[key]
 
-    def _outcome(self, floors: dict[str, str]) -> Outcome:
-        model, done = self.rw.rewritten(floors)
-        return Outcome(model, done, accuracy.check(model, self.checks, self.contract), floors)
+    def _outcome(self, floors: dict[str, str], judged: bool = True) -> Outcome:
+        model, done = self.rw.rewritten(floors, judged)
+        return Outcome(model, done, accuracy.check(model, self.checks, self.contract), floors, judged)
 
     def hold(self) -> Outcome:
         """The model with the planned layers one step up the ladder (bf16 where a rule runs it, else fp32), then,
         while its real kernels break the contract, one more layer one step up each time
-        (`accuracy.next_to_fall_back` of the measured error, over each layer's share at its precision)."""
+        (`accuracy.next_to_fall_back` of the measured error, over each layer's share at its precision).
+
+        The steps are drafts (`Rewriter.rewritten(judged=False)`: each replacement speed-checked, the model's
+        whole-model and fusion checks left out); the first draft that holds is rewritten again, judged, and
+        that model is the one that must hold (else the steps go on from it)."""
         floors = {name: finer(PRECISIONS[0]) for name in self.planned}
+        drafts = self.rw.check is not None  # without speed checks a draft would be the model itself
         while True:
-            now = self._outcome(floors)
+            now = self._outcome(floors, judged=not drafts)
             running = running_layers(now.done)
+            if (now.holds or not running) and not now.judged:
+                now = self._outcome(floors)
+                running = running_layers(now.done)
             if now.holds or not running:
                 return now
             ratio = max(e.ratio for e in now.errors)

@@ -53,24 +53,26 @@ class Rewriter:
             self.captured = capture(self.model, self.args)
         return copy_captured(self.captured)
 
-    def rewritten(self, floors: dict[str, str]) -> tuple[Any, Rewrite]:
+    def rewritten(self, floors: dict[str, str], judged: bool = True) -> tuple[Any, Rewrite]:
         """The model as captured (a fresh copy) and rewritten with each layer no coarser than its floor (those at
         "fp32" left to the fp32 rules): the tasks its sites need tuned (those this call has not tuned yet), the
-        package exported and loaded, the rules run, and with speed checks the whole-model and fusion checks."""
+        package exported and loaded, the rules run, and with speed checks (and `judged`) the whole-model and
+        fusion checks. Unjudged, each replacement still passes its own speed check: a draft (the precision
+        ladder's steps towards the contract) that costs a few seconds where the model's checks cost tens."""
         self.report.whole_model.clear()  # this rewrite's verdicts only
         gm = self.fresh()
         found = discover(gm, self.args, self.ruleset, floors)
         self.session.tune(self.session.add([*found.matches, *found.alternatives], self.times))
-        return self.rewrite(gm, floors)
+        return self.rewrite(gm, floors, judged=judged)
 
     def rewrite(self, gm: Any, floors: dict[str, str], wired: frozenset[str] = frozenset(),
-                fusions: bool = True) -> tuple[Any, Rewrite]:
-        """`gm` rewritten by this rewriter's rules on the kernels tuned so far, then (with speed checks) judged as
-        a whole, and each group of fusing rules against the rules it fuses where `fusions` (`wired`: rules whose
-        replacements go in unchecked, judged by the caller)."""
+                fusions: bool = True, judged: bool = True) -> tuple[Any, Rewrite]:
+        """`gm` rewritten by this rewriter's rules on the kernels tuned so far, then (with speed checks, where
+        `judged`) judged as a whole, and each group of fusing rules against the rules it fuses where `fusions`
+        (`wired`: rules whose replacements go in unchecked, judged by the caller)."""
         done = rewrite(gm, self.args, self.ruleset, self.session.ready(), self.check, wired, floors, self.timing[1:],
                        self.timings)
-        if self.check is not None and not wired:
+        if self.check is not None and judged and not wired:
             gm, done = whole_model_check(self, gm, done, floors)
             if fusions:
                 gm, done = fusion_check(self, gm, done, floors)
