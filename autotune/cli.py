@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--runner", default="local",
                    help="local (this machine's CPU or GPU), offline:DIR (write batches to DIR, measured there "
                         "by `python DIR/measure.py`) or rpc://HOST:PORT/KEY (the servers registered under KEY at "
-                        "a TVM RPC tracker, in parallel)")
+                        "a TVM RPC tracker, in parallel; ?timeout=S&retries=N set its limits)")
     t.add_argument("--include-stale", action="store_true", help="count records of older template code as measured "
                                                                  "(they are re-measured otherwise)")
     t.add_argument("--retry-errors", metavar="KIND[,KIND]", default="",

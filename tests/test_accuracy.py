@@ -205,16 +205,17 @@ def test_a_layer_the_simulation_misjudges_is_still_caught_on_the_rewritten_model
 
 def test_the_ladders_steps_are_drafts_and_only_the_model_that_holds_is_judged_whole(tmp_path, monkeypatch):
     """With speed checks, the steps towards the contract are rewritten without the whole-model and fusion checks
-    (each replacement still timed); the first draft that holds is rewritten again, judged, and returned."""
+    (each replacement still timed); the first draft that holds is rewritten again, judged, and returned; the
+    finer rungs' tries replay its verdicts."""
     from autotune.torch import speed
     from autotune.torch.whole_model import Rewriter
 
-    judged: list[bool] = []
+    kinds: list[str] = []
     rewritten = Rewriter.rewritten
 
-    def spy(self: Any, floors: dict[str, str], judged_: bool = True) -> Any:
-        judged.append(judged_)
-        return rewritten(self, floors, judged_)
+    def spy(self: Any, floors: dict[str, str], judged: bool = True, replay: Any = None) -> Any:
+        kinds.append("replay" if replay is not None else "judged" if judged else "draft")
+        return rewritten(self, floors, judged, replay)
 
     monkeypatch.setattr(Rewriter, "rewritten", spy)
     # each replacement beats its fp32 code; a whole model runs slower with int8 layers moved up
@@ -225,11 +226,51 @@ def test_the_ladders_steps_are_drafts_and_only_the_model_that_holds_is_judged_wh
     _, report = tune(model, args, tmp_path, rules=[rule], tolerance=1e-2, require_speedup=True,
                      speed=at.SpeedCheck(rounds=1, seconds=0.001))
     assert precisions(report) == {"0": "int8", "2": "fp32", "4": "fp32"}, str(report)
-    # three drafts, the one that holds judged, then finer_if_faster's tries (judged: they are timed whole)
-    assert judged[:4] == [False, False, False, True] and all(judged[4:]) and report.accuracy.holds
-    judged.clear()  # without speed checks there is nothing to judge: each step is the model
+    # three drafts, the one that holds judged, then finer_if_faster's two tries (the rule's layers, then "0"
+    # alone, which feeds "2")
+    assert kinds == ["draft"] * 3 + ["judged"] + ["replay"] * 2 and report.accuracy.holds, kinds
+    kinds.clear()  # without speed checks there is nothing to judge: each step is the model
     tune(model, args, tmp_path, rules=[rule], tolerance=1e-2)
-    assert judged == [True, True, True]
+    assert kinds == ["judged"] * 3
+
+
+def test_the_finer_rungs_tries_replay_the_judged_models_fusion_verdict(tmp_path, monkeypatch):
+    """The judged model left a fusing rule out (the model ran faster with its parts apart): the tries of a finer
+    rung are rewritten with it left out too, and no whole model but the tries' is timed again."""
+    import dataclasses
+
+    from autotune.torch import speed
+    from autotune.torch.whole_model import Rewriter
+
+    replays: list[set[str]] = []
+    rewritten = Rewriter.rewritten
+
+    def spy(self: Any, floors: dict[str, str], judged: bool = True, replay: Any = None) -> Any:
+        out = rewritten(self, floors, judged, replay)
+        if replay is not None:
+            replays.append({r.rule for r in out[1].replaced})
+        return out
+
+    wholes: list[tuple[float, float]] = []
+
+    def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
+        if isinstance(old(), tuple):  # a match's subgraph: each replacement beats the fp32 code alone
+            return 2e-3, 1e-3
+        wholes.append((10e-3, 7e-3) if not wholes else (1e-3, 2e-3))  # apart wins; then no rung pays
+        return wholes[-1]
+
+    monkeypatch.setattr(Rewriter, "rewritten", spy)
+    monkeypatch.setattr(speed, "time_pair", time_pair)
+    model, args = mlp(), batch()
+    apart = noisy_rule({"0": 1e-4, "2": 1e-4, "4": 1e-4}, name="apart")
+    fused = dataclasses.replace(noisy_rule({"0": 1e-4, "2": 1e-4, "4": 1e-4}, name="fused"), fuses=("apart",))
+    bf16 = noisy_rule({"0": 1e-5, "2": 1e-5, "4": 1e-5}, precision="bf16")
+    _, report = tune(model, args, tmp_path, rules=[fused, apart, bf16], tolerance=1e-2, require_speedup=True,
+                     speed=at.SpeedCheck(rounds=1, seconds=0.001))
+    assert {r.rule for r in report.replaced} == {"apart"}, str(report)
+    assert "fused: the model takes 10 ms with it, 7 ms with apart apart: left out" in str(report)
+    assert replays and all("fused" not in rules for rules in replays), replays
+    assert len(wholes) == 1 + len(replays)  # the fusion check once, then one timing per try
 
 
 def test_a_replacement_right_only_on_the_example_is_caught_on_held_out_batches(tmp_path):

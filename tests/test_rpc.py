@@ -14,7 +14,7 @@ import pytest
 from autotune import records
 from autotune.cli import main
 from autotune.measure import Timing
-from autotune.measure.rpc import Farm, RPCRunner, StockServer, parse_tracker, servers, tracker_summary
+from autotune.measure.rpc import Farm, RPCRunner, StockServer, parse_tracker, servers, tracker_summary, url_options
 from autotune.task import make_task
 from autotune.tuner import tune
 
@@ -115,6 +115,13 @@ def test_runner_urls_and_tracker_addresses_are_parsed_or_refused():
     for bad in ("rpc://host:9190", "rpc://:9190/k", "tcp://host:1/k", "rpc://host:port/k", "rpc://h:1/a/b"):
         with pytest.raises(ValueError, match="rpc://HOST:PORT/KEY"):
             Farm.parse(bad)
+    assert Farm.parse("rpc://h:1/k?timeout=60") == Farm("h", 1, "k")
+    assert url_options("rpc://h:1/k?timeout=60&retries=2") == {"timeout": 60.0, "retries": 2}
+    assert url_options("rpc://h:1/k") == {}
+    for bad, match in [("?timout=60", "unknown option 'timout'"), ("?timeout=x", "bad timeout='x'"),
+                       ("?timeout=0", "bad timeout='0'"), ("?retries=1.5", "bad retries='1.5'")]:
+        with pytest.raises(ValueError, match=match):
+            Farm.parse("rpc://h:1/k" + bad)
     assert parse_tracker("127.0.0.1:9191") == ("127.0.0.1", 9191)
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_tracker("127.0.0.1:x")
@@ -231,7 +238,8 @@ def test_tune_model_tunes_a_model_through_the_farm_and_a_local_run_picks_the_sam
     args = make_batch(model, 8)
     kw = dict(trials=2, quantize=False, progress=False, bench_rounds=0, require_speedup=False, builder=cpu_builder,
               rules=search_spaces.get("interaction").graph_rules())
-    remote, report = at.tune_model(model, args, log_dir=tmp_path / "farm", runner=farm.url(), **kw)
+    # a cold server's first session on a loaded machine can outlast the default 30 s a candidate: the URL says 60
+    remote, report = at.tune_model(model, args, log_dir=tmp_path / "farm", runner=farm.url() + "?timeout=60", **kw)
     assert [t.op for t in report.tasks] == ["interaction"] and report.measured >= 2, str(report)
     assert all(t.record is not None for t in report.tasks) and report.replaced, str(report)
     shutil.copytree(tmp_path / "farm", tmp_path / "local", ignore=shutil.ignore_patterns("package"))

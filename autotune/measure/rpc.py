@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ..build import Built, describe_error, last_lines
 from ..runtime import HARNESS, Timing
@@ -58,7 +58,7 @@ class Farm:
 
     @classmethod
     def parse(cls, url: str) -> "Farm":
-        """`rpc://HOST:PORT/KEY` (port 9190 if omitted)."""
+        """`rpc://HOST:PORT/KEY` (port 9190 if omitted), options after a `?` aside (`url_options`)."""
         parts = urlsplit(url)
         key = parts.path.strip("/")
         try:
@@ -67,10 +67,34 @@ class Farm:
             port = -1
         if parts.scheme != "rpc" or not parts.hostname or not key or "/" in key or port <= 0:
             raise ValueError(f"bad RPC runner {url!r}; expected rpc://HOST:PORT/KEY, e.g. rpc://127.0.0.1:9190/a100")
+        url_options(url)  # a bad option is refused here too
         return cls(parts.hostname, port, key)
 
     def __str__(self) -> str:
         return f"rpc://{self.host}:{self.port}/{self.key}"
+
+
+# The runner's options a URL may carry (`rpc://HOST:PORT/KEY?timeout=60`), so that `--runner` and tune_model's
+# `runner=` text reach them: a farm of slow devices (or a cold server's first session) needs more than the
+# default seconds per candidate.
+URL_OPTIONS = {"timeout": float, "prepare_timeout": float, "retries": int, "wait_s": float}
+
+
+def url_options(url: str) -> dict[str, Any]:
+    """The runner options in `url`'s query (`URL_OPTIONS`), typed; an unknown or malformed one is a clear error."""
+    out: dict[str, Any] = {}
+    for name, values in parse_qs(urlsplit(url).query, keep_blank_values=True).items():
+        if name not in URL_OPTIONS:
+            raise ValueError(f"unknown option {name!r} in RPC runner {url!r}; known: {', '.join(URL_OPTIONS)}")
+        try:
+            value = URL_OPTIONS[name](values[-1])
+        except ValueError:
+            value = -1
+        if not value >= 0 or (name == "timeout" and not value > 0):
+            raise ValueError(f"bad {name}={values[-1]!r} in RPC runner {url!r}; expected a positive "
+                             f"{URL_OPTIONS[name].__name__}")
+        out[name] = value
+    return out
 
 
 def parse_tracker(text: str) -> tuple[str, int]:
@@ -229,6 +253,7 @@ class RPCRunner:
     `timeout`: per candidate (upload, check, timing); `prepare_timeout`: to get a server and make the inputs there;
     `retries`: how often a candidate whose server died is measured again elsewhere; `wait_s`: how long to wait
     for a server when none is registered; `on_dispatch(server, config)` is called as each candidate is sent.
+    A URL's options (`rpc://HOST:PORT/KEY?timeout=60`: `URL_OPTIONS`) take the place of the arguments.
     """
 
     def __init__(self, farm: Farm | str, timing: Timing = Timing(), timeout: float = 30.0,
@@ -237,12 +262,13 @@ class RPCRunner:
                  on_dispatch: Callable[[tuple[str, int], Any], None] | None = None):
         check_anchor(timing, gpu=False, runner="the RPC runner")
         self.farm = farm if isinstance(farm, Farm) else Farm.parse(farm)
+        given = {} if isinstance(farm, Farm) else url_options(farm)
         self.timing = timing
-        self.timeout = timeout
-        self.prepare_timeout = prepare_timeout
-        self.retries = retries
+        self.timeout = given.get("timeout", timeout)
+        self.prepare_timeout = given.get("prepare_timeout", prepare_timeout)
+        self.retries = given.get("retries", retries)
         self.max_parallel = max_parallel
-        self.wait_s = wait_s
+        self.wait_s = given.get("wait_s", wait_s)
         self.say = say or say_on_stderr
         self.on_dispatch = on_dispatch
         self._workers: list[Any] = []

@@ -23,7 +23,7 @@ from .accuracy import AccuracyReport, Batch, BatchError, LayerPrecision, Toleran
 from .dense import RELUS
 from .graph import Rewrite
 from .speed import ms
-from .whole_model import Rewriter
+from .whole_model import Rewriter, Verdicts
 
 __all__ = ["Outcome", "PrecisionLadder", "reduced_layers"]
 
@@ -43,6 +43,7 @@ class Outcome:
     errors: list[BatchError]
     floors: dict[str, str]
     judged: bool = True  # False: a draft, without the whole-model and fusion checks (`Rewriter.rewritten`)
+    verdicts: Verdicts | None = None  # what its rewrite decided (replayed by `finer_if_faster`'s tries)
 
     @property
     def holds(self) -> bool:
@@ -69,9 +70,10 @@ class PrecisionLadder:
             self._known[key] = accuracy.layer_shares(self.gm, self.checks, [layer], self.contract)[layer.node]
         return self._known[key]
 
-    def _outcome(self, floors: dict[str, str], judged: bool = True) -> Outcome:
-        model, done = self.rw.rewritten(floors, judged)
-        return Outcome(model, done, accuracy.check(model, self.checks, self.contract), floors, judged)
+    def _outcome(self, floors: dict[str, str], judged: bool = True, replay: Verdicts | None = None) -> Outcome:
+        model, done, verdicts = self.rw.rewritten(floors, judged, replay)
+        return Outcome(model, done, accuracy.check(model, self.checks, self.contract), floors,
+                       judged and replay is None, verdicts)
 
     def hold(self) -> Outcome:
         """The model with the planned layers one step up the ladder (bf16 where a rule runs it, else fp32), then,
@@ -102,8 +104,10 @@ class PrecisionLadder:
         whose layers run in int8, in rule order, the model is rewritten with those layers one rung up and timed
         against the model as it stands; kept if faster by `check.margin` and within the contract. Then, one at a
         time, each int8 layer that feeds a layer the contract moved to bf16: one rung up, the two chain in bf16
-        (dense.RULE_CHAIN: no float32 activation between them), which may pay where either alone does not. The
-        report's whole-model lines say what each took."""
+        (dense.RULE_CHAIN: no float32 activation between them), which may pay where either alone does not. Each
+        try replays the judged model's verdicts (`Rewriter.rewritten(replay=...)`: the same fusions and wired
+        rules), so that the rung is what the timing compares. The report's whole-model lines say what each
+        took."""
         rw = self.rw
         assert rw.check is not None
         verdicts, lines = list(rw.report.whole_model), []  # the model's own checks (`rewritten` starts afresh), ours
@@ -115,15 +119,15 @@ class PrecisionLadder:
             nodes = [n for n in layers(now.done) if n in running and running[n].precision == PRECISIONS[0]]
             if not nodes:
                 continue
-            alt = self._outcome({**now.floors, **{node: finer(PRECISIONS[0]) for node in nodes}})
-            alt_verdicts = list(rw.report.whole_model)
+            alt = self._outcome({**now.floors, **{node: finer(PRECISIONS[0]) for node in nodes}},
+                                replay=now.verdicts)
             now_s, alt_s = rw.time_pair(now.model, alt.model)
             faster = alt.holds and alt_s <= now_s * (1.0 - rw.check.margin)
             lines.append(f"{label} one rung up: the model takes {ms(alt_s)} with them, {ms(now_s)} in int8: "
                          f"{'moved up' if faster else 'left in int8'}"
                          f"{'' if alt.holds else ' (it breaks the tolerance)'}")
             if faster:
-                now, verdicts = alt, alt_verdicts
+                now = alt
             rw.report.whole_model[:] = [*verdicts, *lines]
         return now
 

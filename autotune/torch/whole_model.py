@@ -28,7 +28,18 @@ from .report import TuneModelReport
 from .session import TuningSession
 from .speed import SpeedCheck, ms
 
-__all__ = ["Rewriter", "cycled", "fusion_check", "fusion_groups", "max_diff", "measure", "whole_model_check"]
+__all__ = ["Rewriter", "Verdicts", "cycled", "fusion_check", "fusion_groups", "max_diff", "measure", "whole_model_check"]
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What a judged rewrite decided: the rules it ran (a fusing group the fusion check left out is not among
+    them) and those whose replacements the whole-model check wired in though each lost its own speed check.
+    `Rewriter.rewritten(replay=...)` makes the same choices for a model a few layers' precision apart, without
+    timing whole models again."""
+
+    ruleset: tuple[GraphRule, ...]
+    wired: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -53,30 +64,37 @@ class Rewriter:
             self.captured = capture(self.model, self.args)
         return copy_captured(self.captured)
 
-    def rewritten(self, floors: dict[str, str], judged: bool = True) -> tuple[Any, Rewrite]:
+    def rewritten(self, floors: dict[str, str], judged: bool = True,
+                  replay: "Verdicts | None" = None) -> tuple[Any, Rewrite, "Verdicts"]:
         """The model as captured (a fresh copy) and rewritten with each layer no coarser than its floor (those at
         "fp32" left to the fp32 rules): the tasks its sites need tuned (those this call has not tuned yet), the
         package exported and loaded, the rules run, and with speed checks (and `judged`) the whole-model and
         fusion checks. Unjudged, each replacement still passes its own speed check: a draft (the precision
-        ladder's steps towards the contract) that costs a few seconds where the model's checks cost tens."""
+        ladder's steps towards the contract) that costs a few seconds where the model's checks cost tens.
+        `replay`: an earlier judged rewrite's verdicts, taken as they are (unjudged), for a model that differs
+        from that one in a few layers' precision."""
         self.report.whole_model.clear()  # this rewrite's verdicts only
+        rw = self if replay is None else dataclasses.replace(self, ruleset=list(replay.ruleset))
         gm = self.fresh()
-        found = discover(gm, self.args, self.ruleset, floors)
+        found = discover(gm, self.args, rw.ruleset, floors)
         self.session.tune(self.session.add([*found.matches, *found.alternatives], self.times))
+        if replay is not None:
+            return rw.rewrite(gm, floors, replay.wired, judged=False)
         return self.rewrite(gm, floors, judged=judged)
 
     def rewrite(self, gm: Any, floors: dict[str, str], wired: frozenset[str] = frozenset(),
-                fusions: bool = True, judged: bool = True) -> tuple[Any, Rewrite]:
+                fusions: bool = True, judged: bool = True) -> tuple[Any, Rewrite, "Verdicts"]:
         """`gm` rewritten by this rewriter's rules on the kernels tuned so far, then (with speed checks, where
         `judged`) judged as a whole, and each group of fusing rules against the rules it fuses where `fusions`
-        (`wired`: rules whose replacements go in unchecked, judged by the caller)."""
+        (`wired`: rules whose replacements go in unchecked, judged by the caller); and what was decided."""
         done = rewrite(gm, self.args, self.ruleset, self.session.ready(), self.check, wired, floors, self.timing[1:],
                        self.timings)
+        verdicts = Verdicts(tuple(self.ruleset), wired)
         if self.check is not None and judged and not wired:
-            gm, done = whole_model_check(self, gm, done, floors)
+            gm, done, verdicts = whole_model_check(self, gm, done, floors)
             if fusions:
-                gm, done = fusion_check(self, gm, done, floors)
-        return gm, done
+                gm, done, verdicts = fusion_check(self, gm, done, floors, verdicts)
+        return gm, done, verdicts
 
     def time_pair(self, now: Any, alt: Any) -> tuple[float, float]:
         """Both models timed over the timing cycle (`check.model_rounds` interleaved rounds, medians)."""
@@ -85,7 +103,8 @@ class Rewriter:
             return _speed.time_pair(cycled(now, self.timing), cycled(alt, self.timing), self.check.for_models())
 
 
-def whole_model_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, str]) -> tuple[Any, Rewrite]:
+def whole_model_check(rw: Rewriter, gm: Any, done: Rewrite,
+                      floors: dict[str, str]) -> tuple[Any, Rewrite, Verdicts]:
     """A second opinion, by the whole model, on each rule whose replacements lost their own speed check.
 
     A replacement is timed as its own subgraph, which misses what it does to its neighbours: the table-batched
@@ -99,17 +118,18 @@ def whole_model_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, st
     for rule in rw.ruleset:
         if not any(k.slower and k.rule == rule.name for k in done.kept):
             continue
-        alt_gm, alt = rw.rewrite(rw.fresh(), floors, wired | {rule.name})
+        alt_gm, alt, _ = rw.rewrite(rw.fresh(), floors, wired | {rule.name})
         now_s, alt_s = rw.time_pair(gm, alt_gm)
         faster = alt_s <= now_s * (1.0 - rw.check.margin)
         rw.report.whole_model.append(f"{rule.name}: the model takes {ms(alt_s)} with its replacements, "
                                      f"{ms(now_s)} without: {'wired in' if faster else 'kept out'}")
         if faster:
             gm, done, wired = alt_gm, alt, wired | {rule.name}
-    return gm, done
+    return gm, done, Verdicts(tuple(rw.ruleset), wired)
 
 
-def fusion_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, str]) -> tuple[Any, Rewrite]:
+def fusion_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, str],
+                 verdicts: Verdicts) -> tuple[Any, Rewrite, Verdicts]:
     """The whole model with each group of fusing rules' replacements (`GraphRule.fuses`, e.g. the embedding bags
     and the interaction as one kernel; rules that fuse a rule in common are one group) against the model
     rewritten without that group, where the other rules take its sites (with their own whole-model check):
@@ -123,7 +143,7 @@ def fusion_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, str]) -
         apart = dataclasses.replace(rw, ruleset=[r for r in rw.ruleset if r not in group])
         names = " and ".join(r.name for r in fusing)
         before = len(rw.report.whole_model)
-        alt_gm, alt = apart.rewrite(rw.fresh(), floors, fusions=False)
+        alt_gm, alt, alt_verdicts = apart.rewrite(rw.fresh(), floors, fusions=False)
         rw.report.whole_model[before:] = [f"without {names}, {v}" for v in rw.report.whole_model[before:]]
         fused_s, apart_s = rw.time_pair(gm, alt_gm)
         faster = fused_s <= apart_s * (1.0 - rw.check.margin)
@@ -131,8 +151,8 @@ def fusion_check(rw: Rewriter, gm: Any, done: Rewrite, floors: dict[str, str]) -
         rw.report.whole_model.append(f"{names}: the model takes {ms(fused_s)} with it, {ms(apart_s)} with "
                                      f"{fused_rules} apart: {'kept' if faster else 'left out'}")
         if not faster:
-            gm, done, rw = alt_gm, alt, apart
-    return gm, done
+            gm, done, rw, verdicts = alt_gm, alt, apart, alt_verdicts
+    return gm, done, verdicts
 
 
 def fusion_groups(rules: Sequence[GraphRule]) -> list[list[GraphRule]]:
