@@ -458,7 +458,7 @@ def test_time_pair_stops_once_the_rounds_decide_clearly(monkeypatch):
         return sides, median_seconds
 
     check = G.SpeedCheck(model_rounds=9).for_models()
-    for ratios, rounds in [([0.7] * 9, 3), ([1.3] * 9, 3), ([0.7, 0.7, 0.95] + [0.7] * 6, 9),
+    for ratios, rounds in [([0.7] * 9, 2), ([1.3] * 9, 2), ([0.7, 0.95] + [0.7] * 7, 9),
                            ([0.96] * 9, 9), ([0.7, 1.3] * 5, 9)]:
         sides, median_seconds = timer(ratios)
         monkeypatch.setattr(bench, "median_seconds", median_seconds)
@@ -466,7 +466,7 @@ def test_time_pair_stops_once_the_rounds_decide_clearly(monkeypatch):
         assert len(sides) == 2 * rounds and sides[:2] == ["old", "new"], (ratios, sides)
         assert old == 1e-3
     assert not G.SpeedCheck(early_rounds=3).decided([1.0, 1.0], [0.5, 0.5])  # too few rounds yet
-    assert G.SpeedCheck(early_rounds=2).decided([1.0, 1.0], [0.5, 0.5])
+    assert G.SpeedCheck(early_rounds=3).decided([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])
     with pytest.raises(ValueError, match="clear"):
         G.SpeedCheck(clear=-0.1)
 

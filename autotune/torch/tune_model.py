@@ -85,7 +85,7 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     the operators' graph rules (`rules` replaces them). `bench_rounds` interleaved rounds of `bench_seconds`
     per model time eager against optimized (0: no timing). `require_speedup`: a replacement that agrees is also
     timed against the code it replaces and kept out unless it is faster by `speed.margin` (default
-    `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side, 9 rounds for whole models, 3 where each clears the margin by
+    `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side, 9 rounds for whole models, 2 where each clears the margin by
     5%); False wires in every replacement that agrees (tests on tiny models, where kernels may lose). A model
     with nothing to replace comes back as it is; example inputs the model rejects raise its own error.
     `runner`: where candidates are measured, as `autotune tune --runner` takes it ("local", "rpc://HOST:PORT/KEY"
