@@ -11,10 +11,10 @@ nn.Linear + nn.ReLU MLPs, and DLRM's own `interact_features`): nothing in it nam
      torchao==0.18.0`; without it the row is skipped, saying so); ours fp32-exact and ours int8, each a
      `tune_model` call (logs in --log-dir: a second run resumes and tunes nothing already tuned) held to its
      default accuracy contract on --held-out batches drawn like the example;
-  3. times them all in one process, interleaved rounds, medians, in two regimes: a cycle of --fresh batches
-     drawn like the example (as a model meets them: each batch gathers rows the last one did not) and the
-     example batch repeated (its rows stay in cache);
-  4. prints one table per pooling: ms in both regimes, x eager, and max |out - eager| on the held-out batches.
+  3. times them all in one process, interleaved rounds, medians, on a cycle of --fresh batches drawn like the
+     example (as a model meets them: each batch gathers rows the last one did not); with --repeated also on the
+     example batch repeated (its rows stay in cache, which no model's next batch finds);
+  4. prints one table per pooling: ms, x eager, and max |out - eager| on the held-out batches.
 
     python examples/dlrm.py [--pooling 1 8] [--batch 2048] [--trials 8] [--log-dir logs/local/dlrm]
 """
@@ -228,7 +228,7 @@ class Row:
 
     name: str
     fresh_s: float  # median seconds per call over the cycle of fresh batches
-    repeated_s: float  # ... over the example batch repeated
+    repeated_s: float | None  # ... over the example batch repeated (None: not timed, `--repeated` not given)
     error: float  # max |out - eager| over the held-out batches
     build_s: float
     note: str = ""
@@ -257,8 +257,9 @@ def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, seconds: float) 
 
 
 def measure(built: Sequence[Contender], fresh: Sequence[Batch], held_out: Sequence[Batch],
-            rounds: int, seconds: float) -> list[Row]:
-    """Each built contender's latency in both regimes (all interleaved in one loop) and held-out error."""
+            rounds: int, seconds: float, repeated: bool = False) -> list[Row]:
+    """Each built contender's latency on the fresh cycle and, where `repeated`, on the first batch repeated (all
+    interleaved in one loop), and its held-out error."""
     eager = built[0].model
     assert eager is not None
     with torch.inference_mode():
@@ -267,24 +268,29 @@ def measure(built: Sequence[Contender], fresh: Sequence[Batch], held_out: Sequen
     for c in built:
         assert c.model is not None
         fns[f"fresh {c.name}"] = cycled(c.model, fresh)
-        fns[f"repeated {c.name}"] = cycled(c.model, fresh[:1])
+        if repeated:
+            fns[f"repeated {c.name}"] = cycled(c.model, fresh[:1])
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a peer's first-call warnings were printed when it was built
         times = interleaved(fns, rounds, seconds)
-    return [Row(c.name, times[f"fresh {c.name}"], times[f"repeated {c.name}"], max_error(c.model, held_out, refs),
+    return [Row(c.name, times[f"fresh {c.name}"], times.get(f"repeated {c.name}"), max_error(c.model, held_out, refs),
                 c.build_s, c.note) for c in built if c.model is not None]
 
 
 def table(title: str, rows: Sequence[Row], skipped: Sequence[Contender]) -> str:
-    """The markdown table of the rows (x eager against the first row, eager), then a line per skipped peer."""
+    """The markdown table of the rows (x eager against the first row, eager; the repeated regime's columns where
+    it was timed), then a line per skipped peer."""
     eager = rows[0]
-    lines = [f"### {title}", "",
-             "| contender | fresh ms | x eager | repeated ms | x eager | max \\|out - eager\\| (test batches) | build s |",
-             "|---|---|---|---|---|---|---|"]
+    repeated = eager.repeated_s is not None
+    columns = ["fresh ms", "x eager", *(["repeated ms", "x eager"] * repeated),
+               "max \\|out - eager\\| (test batches)", "build s"]
+    lines = [f"### {title}", "", "| contender | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for r in rows:
         name = r.name + (f" ({r.note})" if r.note else "")
-        lines.append(f"| {name} | {r.fresh_s * 1e3:.2f} | {eager.fresh_s / r.fresh_s:.2f} | {r.repeated_s * 1e3:.2f} "
-                     f"| {eager.repeated_s / r.repeated_s:.2f} | {r.error:.1e} | {r.build_s:.0f} |")
+        again = (f" {r.repeated_s * 1e3:.2f} | {eager.repeated_s / r.repeated_s:.2f} |"
+                 if repeated and r.repeated_s is not None and eager.repeated_s is not None else "")
+        lines.append(f"| {name} | {r.fresh_s * 1e3:.2f} | {eager.fresh_s / r.fresh_s:.2f} |{again} {r.error:.1e} "
+                     f"| {r.build_s:.0f} |")
     lines += [f"- {c.name}: {c.skipped}" for c in skipped]
     return "\n".join(lines)
 
@@ -376,6 +382,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help='skip torch.compile(mode="max-autotune") (it benchmarks GEMM choices while it builds)')
     p.add_argument("--no-pt2e", dest="pt2e", action="store_false", help="skip PyTorch's PT2E int8")
     p.add_argument("--stages", action="store_true", help="also print a per-stage breakdown of eager and ours")
+    p.add_argument("--repeated", action="store_true",
+                   help="also time each contender on the example batch repeated (its rows stay in cache)")
     args = p.parse_args(argv)
     if min(args.pooling) < 1:
         p.error("--pooling takes values >= 1")
@@ -395,12 +403,13 @@ def run_pooling(model: DLRM, pooling: int, args: argparse.Namespace
     print(f"\n==== {pooling} {'index' if pooling == 1 else 'indices'} per bag")
     every = contenders(model, example, held_out, args, test)
     built = [c for c in every if c.model is not None]
-    rows = measure(built, fresh, test, args.rounds, args.seconds)
+    rows = measure(built, fresh, test, args.rounds, args.seconds, args.repeated)
     if args.stages:
         print_stages(model, built, example)
     ok = all(r.error <= (1e-2 if "int8" in r.name else 1e-4) for r in rows if r.name.startswith("ours"))
     title = (f"{pooling} {'index' if pooling == 1 else 'indices'} per bag, batch {args.batch}: fresh = a cycle of "
-             f"{len(fresh)} batches, repeated = the example batch; median of {args.rounds} interleaved rounds")
+             f"{len(fresh)} batches{', repeated = the example batch' if args.repeated else ''}; median of "
+             f"{args.rounds} interleaved rounds")
     skipped = [c for c in every if c.model is None]
     return table(title, rows, skipped), rows, skipped, ok
 

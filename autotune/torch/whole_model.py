@@ -28,7 +28,8 @@ from .report import TuneModelReport
 from .session import TuningSession
 from .speed import SpeedCheck, ms
 
-__all__ = ["Rewriter", "Verdicts", "cycled", "fusion_check", "fusion_groups", "max_diff", "measure", "whole_model_check"]
+__all__ = ["Rewriter", "Verdicts", "cycled", "fusion_check", "fusion_groups", "max_diff", "measure",
+           "whole_model_check"]
 
 
 @dataclass(frozen=True)
