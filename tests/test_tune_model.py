@@ -969,6 +969,27 @@ def test_a_budget_gives_the_next_batch_to_the_task_that_promises_the_model_most(
         TuningSession("cpu", tmp_path, trials=8, budget="60")
 
 
+def test_a_task_under_one_percent_of_the_model_gets_the_cost_models_two_best_guesses(tmp_path, monkeypatch):
+    """Without a budget each task gets `trials` configs, except one under SMALL_SHARE of the model's time: it
+    gets SMALL_TRIALS (a small table the contract split off a batched launch is not worth a batch of its own)."""
+    import zlib
+
+    from autotune.task import make_task
+    from autotune.torch.report import TaskReport
+    from autotune.torch.session import SMALL_SHARE, SMALL_TRIALS, TuningSession
+
+    pools = FakePools(lambda w, cfg: 1e-4 * (1 + zlib.crc32(cfg.key().encode()) % 100))
+    session = TuningSession("cpu", tmp_path, trials=4, shipped=False, progress=False, runner=pools, builder=pools)
+    monkeypatch.setattr(session, "_share_bests", lambda new: None)
+    monkeypatch.setattr(session, "_package", lambda best, out: (out, False))
+    tasks = [make_task("embedding_bag", "cpu", **f) for f in BAG_SHAPES]
+    small, large = (TaskReport(key=t.key, fields=f, share=s)
+                    for t, f, s in zip(tasks, BAG_SHAPES, (SMALL_SHARE / 2, 0.5)))
+    session.tasks += [small, large]
+    session.tune([large, small])
+    assert (small.measured, large.measured) == (SMALL_TRIALS, 4)
+
+
 def test_a_task_the_shipped_records_cover_is_not_tuned_unless_asked(tmp_path, monkeypatch):
     from autotune import records
     from autotune.task import make_task
