@@ -66,7 +66,7 @@ class Rewriter:
         return copy_captured(self.captured)
 
     def rewritten(self, floors: dict[str, str], judged: bool = True,
-                  replay: "Verdicts | None" = None) -> tuple[Any, Rewrite, "Verdicts"]:
+                  replay: Verdicts | None = None) -> tuple[Any, Rewrite, Verdicts]:
         """The model as captured (a fresh copy) and rewritten with each layer no coarser than its floor (those at
         "fp32" left to the fp32 rules): the tasks its sites need tuned (those this call has not tuned yet), the
         package exported and loaded, the rules run, and with speed checks (and `judged`) the whole-model and
@@ -84,7 +84,7 @@ class Rewriter:
         return self.rewrite(gm, floors, judged=judged)
 
     def rewrite(self, gm: Any, floors: dict[str, str], wired: frozenset[str] = frozenset(),
-                fusions: bool = True, judged: bool = True) -> tuple[Any, Rewrite, "Verdicts"]:
+                fusions: bool = True, judged: bool = True) -> tuple[Any, Rewrite, Verdicts]:
         """`gm` rewritten by this rewriter's rules on the kernels tuned so far, then (with speed checks, where
         `judged`) judged as a whole, and each group of fusing rules against the rules it fuses where `fusions`
         (`wired`: rules whose replacements go in unchecked, judged by the caller); and what was decided."""
