@@ -971,12 +971,13 @@ def test_a_budget_gives_the_next_batch_to_the_task_that_promises_the_model_most(
 
 def test_a_task_under_one_percent_of_the_model_gets_the_cost_models_two_best_guesses(tmp_path, monkeypatch):
     """Without a budget each task gets `trials` configs, except one under SMALL_SHARE of the model's time: it
-    gets SMALL_TRIALS (a small table the contract split off a batched launch is not worth a batch of its own)."""
+    gets SMALL_TRIALS (a small table the contract split off a batched launch is not worth a batch of its own).
+    Under a budget, each task's first batch is FIRST configs."""
     import zlib
 
     from autotune.task import make_task
     from autotune.torch.report import TaskReport
-    from autotune.torch.session import SMALL_SHARE, SMALL_TRIALS, TuningSession
+    from autotune.torch.session import FIRST, SMALL_SHARE, SMALL_TRIALS, TuningSession
 
     pools = FakePools(lambda w, cfg: 1e-4 * (1 + zlib.crc32(cfg.key().encode()) % 100))
     session = TuningSession("cpu", tmp_path, trials=4, shipped=False, progress=False, runner=pools, builder=pools)
@@ -988,6 +989,17 @@ def test_a_task_under_one_percent_of_the_model_gets_the_cost_models_two_best_gue
     session.tasks += [small, large]
     session.tune([large, small])
     assert (small.measured, large.measured) == (SMALL_TRIALS, 4)
+    # under a budget a task's first batch is FIRST configs (then the scheduler's, here none), a small one's fewer
+    budgeted = TuningSession("cpu", tmp_path / "budget", trials=3 * FIRST, shipped=False, progress=False,
+                             runner=pools, builder=pools, budget=600)
+    monkeypatch.setattr(budgeted, "_share_bests", lambda new: None)
+    monkeypatch.setattr(budgeted, "_package", lambda best, out: (out, False))
+    monkeypatch.setattr(budgeted, "_schedule", lambda: None)
+    small, large = (TaskReport(key=t.key, fields=f, share=s)
+                    for t, f, s in zip(tasks, BAG_SHAPES, (SMALL_SHARE / 2, 0.5)))
+    budgeted.tasks += [small, large]
+    budgeted.tune([large, small])
+    assert (small.measured, large.measured) == (SMALL_TRIALS, FIRST)
 
 
 def test_a_task_the_shipped_records_cover_is_not_tuned_unless_asked(tmp_path, monkeypatch):

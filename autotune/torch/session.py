@@ -25,10 +25,14 @@ from ..tuning_log import TuningLog
 from .report import TaskReport, shape_text
 from .speed import ms
 
-__all__ = ["BATCH", "TuningSession", "promise", "task_key"]
+__all__ = ["BATCH", "FIRST", "TuningSession", "promise", "task_key"]
 
 
-BATCH = 8  # configs per scheduled batch (two of the xgb strategy's): a task's first, and each the budget gives
+BATCH = 8  # configs per scheduled batch (two of the xgb strategy's): each the budget gives after the first
+# a task's first batch under a budget: one of the xgb strategy's, the cost model's best guesses (warmed by other
+# shapes' and CPU kinds' records); a model's dozen tasks at 8 each took 25-36 minutes on 2 cores where no record
+# covered them, before the scheduler could put any trial where the model's time goes
+FIRST = 4
 # a task under SMALL_SHARE of the model's eager time (a 10-row table the contract split off a batched launch: 0.5%)
 # gets at most SMALL_TRIALS configs, the cost model's best guesses, unless a budget gives it more: 8 trials cost it
 # ~20 s to win at most a fraction of its half percent
@@ -79,9 +83,9 @@ class TuningSession:
     """The tasks of one model, tuned into `log_dir` for `device` (resuming), their best kernels exported to
     `log_dir/package` and loaded. Without a `budget`, each task gets `trials` configs (SMALL_TRIALS under
     SMALL_SHARE of the model's time); with one (seconds of tuning, all of the session's batches together), the
-    scheduler (`_schedule`) fills each new task's log to a first batch (as small), then gives each next batch to
-    the task whose tuning promises the model the most time per second, up to `trials` each; a call whose tasks'
-    logs hold their first batches already tunes nothing (resume).
+    scheduler (`_schedule`) fills each new task's log to a first batch (FIRST configs; as small), then gives
+    each next batch (BATCH) to the task whose tuning promises the model the most time per second, up to `trials`
+    each; a call whose tasks' logs hold their first batches already tunes nothing (resume).
     A task that the shipped records of this CPU kind cover (the same workload and template version: measured
     already) is not tuned unless `retune`. `runner`: "local", "rpc://HOST:PORT/KEY", "offline:DIR" or a Runner
     (closed by its owner, not here); `builder`: a Builder (likewise), else one pool."""
@@ -170,7 +174,7 @@ class TuningSession:
         try:
             for t in bar:
                 bar.set_postfix_str(t.op)
-                first = self.trials if self.budget is None else min(BATCH, self.trials)
+                first = self.trials if self.budget is None else min(FIRST, self.trials)
                 self._tune_task(t, min(first, SMALL_TRIALS) if t.share < SMALL_SHARE else first)
         finally:
             bar.close()
