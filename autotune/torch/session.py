@@ -83,7 +83,7 @@ class TuningSession:
     """The tasks of one model, tuned into `log_dir` for `device` (resuming), their best kernels exported to
     `log_dir/package` and loaded. Without a `budget`, each task gets `trials` configs (SMALL_TRIALS under
     SMALL_SHARE of the model's time); with one (seconds of tuning, all of the session's batches together), the
-    scheduler (`_schedule`) fills each new task's log to a first batch (FIRST configs; as small), then gives
+    scheduler (`_schedule`) fills each new task's log to a first batch (FIRST configs, or SMALL_TRIALS), then gives
     each next batch (BATCH) to the task whose tuning promises the model the most time per second, up to `trials`
     each; a call whose tasks' logs hold their first batches already tunes nothing (resume).
     A task that the shipped records of this CPU kind cover (the same workload and template version: measured
