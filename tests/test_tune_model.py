@@ -273,7 +273,8 @@ def test_replacements_slower_alone_are_wired_in_when_the_whole_model_is_faster_w
     args = make_batch(model, BATCH)
     rules = [node_rule("relu", aten.relu.default, relu_to_clamp)]
     check = at.SpeedCheck(rounds=1, seconds=0.001)
-    answers = iter([(1e-3, 2e-3)] * 3 + [(10e-3, 7e-3)])  # each relu alone: slower; the model with them: faster
+    # each relu alone: slower; the model with them: faster; the model as given against the result: slower
+    answers = iter([(1e-3, 2e-3)] * 3 + [(10e-3, 7e-3), (10e-3, 7e-3)])
     wholes: list[tuple[Any, Any]] = []
 
     def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
@@ -284,10 +285,49 @@ def test_replacements_slower_alone_are_wired_in_when_the_whole_model_is_faster_w
 
     monkeypatch.setattr(speed, "time_pair", time_pair)
     opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
-    assert len(wholes) == 1 and torch.equal(wholes[0][0], wholes[0][1])  # both models ran, and agree
+    assert len(wholes) == 2 and all(torch.equal(*w) for w in wholes)  # both models ran, and agree
     assert [r.where for r in report.replaced] == ["bottom.1", "bottom.3", "top.1"] and report.kept == []
     assert aten.relu.default not in _graph_ops(opt) and aten.clamp_min.default in _graph_ops(opt)
     assert "whole-model check, relu: the model takes 7 ms with its replacements, 10 ms without: wired in" in str(report)
+
+
+def test_a_rewrite_slower_than_the_model_as_given_is_not_returned(model, tmp_path, monkeypatch):
+    """Each replacement wins its own check, but the rewritten model, timed whole against the model as given (its
+    calling convention included, which on a tiny model costs more than its kernels save), is slower: the model
+    comes back unchanged, and the report says both times. Faster by the margin, the rewrite is returned."""
+    from autotune.torch import speed
+
+    args = make_batch(model, BATCH)
+    rules = [node_rule("relu", aten.relu.default, relu_to_clamp)]
+    check = at.SpeedCheck(rounds=1, seconds=0.001)
+    given: list[tuple[Any, Any]] = []
+
+    def timer(given_s: float, rewritten_s: float) -> Callable[..., tuple[float, float]]:
+        def time_pair(old: Any, new: Any, c: Any) -> tuple[float, float]:
+            o, n = old(), new()
+            if isinstance(o, tuple):  # a match's subgraph: each replacement is faster alone
+                return 2e-3, 1e-3
+            assert old.model is model and new.model is not model and c.rounds == check.model_rounds
+            given.append((o, n))
+            return given_s, rewritten_s
+
+        return time_pair
+
+    monkeypatch.setattr(speed, "time_pair", timer(1e-3, 1.7e-3))
+    opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert opt is model and len(given) == 1 and torch.equal(*given[0])
+    assert "the rewritten model is not 3% faster than the model as given; the model comes back unchanged" in \
+        str(report)
+    assert "whole-model check, the rewritten model takes 1.7 ms, the model as given 1 ms: the model as given is " \
+        "returned" in str(report)
+    monkeypatch.setattr(speed, "time_pair", timer(1e-3, 0.98e-3))  # 2% faster: within the margin
+    opt, _ = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert opt is model
+
+    monkeypatch.setattr(speed, "time_pair", timer(1e-3, 0.5e-3))
+    opt, report = tune(model, args, tmp_path, rules=rules, require_speedup=True, speed=check)
+    assert opt is not model and aten.relu.default not in _graph_ops(opt) and not report.note
+    assert "the rewritten model takes 0.5 ms, the model as given 1 ms: returned" in str(report)
 
 
 def relu_to_threshold(gm: Any, n: Any) -> Any:  # the same function, another op: the "fused" rule's
@@ -314,6 +354,8 @@ def test_a_fusing_rule_is_kept_only_where_the_whole_model_is_faster_with_it(mode
             o, n = old(), new()
             if isinstance(o, tuple):  # a match's subgraph: each replacement is faster alone
                 return 2e-3, 1e-3
+            if old.model is model:  # the model as given, against the one tune_model returns: slower
+                return 20e-3, 5e-3
             wholes.append((o, n))
             return fused_s, apart_s
 
