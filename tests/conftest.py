@@ -160,18 +160,25 @@ class SharedPool:
         pass
 
 
+# How the end-to-end tests of tune_model time candidates (`default_pools(timing=BRIEF)`): they pin what is tuned,
+# wired and reported, not which config wins, and Timing()'s 5 repeats of >= 50 ms made a fifth of their time
+BRIEF = dict(number=1, repeat=3, min_repeat_ms=5.0)
+
+
 @contextlib.contextmanager
-def default_pools(builder, runner=None):
+def default_pools(builder, runner=None, timing=None):
     """While open, the pools that tune(), tune_model(), export() and dry_run() make for themselves when given
     none (`Builder()`, `LocalRunner(timing)`) are `builder` and a RunnerView of `runner` (their `close()` leaves
     them running): the same classes and settings, without fresh processes that import TVM. A pool made with
-    arguments is made as asked; without `runner`, runners are made as asked too. Yields how many of each were
-    asked for ({"builders": n, "runners": n})."""
+    arguments is made as asked; without `runner`, runners are made as asked too. `timing` (Timing's fields): what
+    a runner asked for without a timing measures with (default: Timing()'s). Yields how many of each were asked
+    for ({"builders": n, "runners": n})."""
     from autotune import build, measure, tuner
     from autotune.measure import Timing
 
     Builder, LocalRunner = build.Builder, measure.LocalRunner
     asked = {"builders": 0, "runners": 0}
+    timing_fields = timing
 
     def shared_builder(*args, **kw):
         asked["builders"] += 1
@@ -179,7 +186,8 @@ def default_pools(builder, runner=None):
 
     def shared_runner(timing=None, *args, **kw):
         asked["runners"] += 1
-        return LocalRunner(timing or Timing(), *args, **kw) if args or kw else RunnerView(runner, timing)
+        timing = timing or Timing(**(timing_fields or {}))
+        return LocalRunner(timing, *args, **kw) if args or kw else RunnerView(runner, timing)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(tuner, "Builder", shared_builder)

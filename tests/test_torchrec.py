@@ -186,9 +186,9 @@ def test_pairs_in_any_order_are_served_with_their_order_and_others_refused():
 # ---- end to end ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def shared_workers(cpu_builder, local_runner):
-    from conftest import default_pools
+    from conftest import BRIEF, default_pools
 
-    with default_pools(cpu_builder, local_runner) as asked:
+    with default_pools(cpu_builder, local_runner, timing=BRIEF) as asked:
         yield asked
 
 

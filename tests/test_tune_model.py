@@ -631,11 +631,11 @@ def test_example_inputs_that_fail_raise_the_model_own_error(model, tmp_path, bad
 @pytest.fixture(scope="module")
 def shared_workers(cpu_builder, local_runner):
     """The session's build pool and measure worker in place of the one of each a tune_model call starts (each a
-    fresh process importing TVM, ~5 s apiece on 2 cores): the same classes and settings. Yields how many
-    tune_model asked for."""
-    from conftest import default_pools
+    fresh process importing TVM, ~5 s apiece on 2 cores): the same classes and settings, candidates timed
+    briefly (`conftest.BRIEF`). Yields how many tune_model asked for."""
+    from conftest import BRIEF, default_pools
 
-    with default_pools(cpu_builder, local_runner) as asked:
+    with default_pools(cpu_builder, local_runner, timing=BRIEF) as asked:
         yield asked
 
 
