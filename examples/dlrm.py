@@ -324,7 +324,7 @@ STAGES = ("embeddings", "interaction", "bottom", "top")
 
 
 def by_stage(per_module: dict[str, float]) -> dict[str, float]:
-    """Seconds per stage from `autotune.torch.graph.profile`'s seconds per module path."""
+    """Seconds per stage from `autotune.torch.profiling.profile`'s seconds per module path."""
     out = dict.fromkeys(STAGES, 0.0)
     out["other"] = 0.0
     for path, seconds in per_module.items():
@@ -335,7 +335,8 @@ def by_stage(per_module: dict[str, float]) -> dict[str, float]:
 
 def print_stages(model: nn.Module, built: Sequence[Contender], example: Batch) -> None:
     """Each node of eager and of ours timed alone on the example batch, summed per stage."""
-    from autotune.torch.graph import capture, profile
+    from autotune.torch.graph import capture
+    from autotune.torch.profiling import profile
 
     mine = {c.name: c.model for c in built if c.name.startswith("ours") and c.model is not None}
     print("\n== per stage (ms; each node timed alone on the example batch, so the sums exceed the latencies)")

@@ -19,6 +19,7 @@ from torch import nn
 
 import autotune.torch as at
 from autotune.torch import graph as G
+from autotune.torch import profiling
 from search_spaces.template import GraphMatch, GraphRule, Kept
 
 aten = torch.ops.aten
@@ -590,12 +591,12 @@ def test_a_template_rule_without_a_place_in_the_order_is_refused(monkeypatch):
 def test_profile_times_each_module_and_new_nodes_keep_their_module(model, tmp_path):
     args = make_batch(model, BATCH)
     gm = G.capture(model, args)
-    by_top = G.profile(gm, args, runs=2, depth=1)
+    by_top = profiling.profile(gm, args, runs=2, depth=1)
     assert {"bottom", "embeddings", "interaction", "top"} <= set(by_top) and all(t > 0 for t in by_top.values())
-    fine = G.profile(gm, args, runs=2)
+    fine = profiling.profile(gm, args, runs=2)
     assert {"bottom.0", "bottom.1", "embeddings.2", "top.2"} <= set(fine)
     G.rewrite(gm, args, [node_rule("relu", aten.relu.default, relu_to_clamp)])
-    assert "bottom.1" in G.profile(gm, args, runs=1)  # the clamp_min that replaced bottom.1's relu
+    assert "bottom.1" in profiling.profile(gm, args, runs=1)  # the clamp_min that replaced bottom.1's relu
 
 
 def test_a_model_with_nothing_we_serve_comes_back_unchanged(tmp_path):

@@ -278,7 +278,7 @@ def next_to_fall_back(ratio: float, shares: dict[str, float], costs: dict[str, f
 
 
 def layer_costs(layers: Sequence[Reduced], times: dict[str, float]) -> dict[str, float] | None:
-    """{layer node: its eager seconds} (`times`: graph.node_times), what running it in reduced precision saves
+    """{layer node: its eager seconds} (`times`: profiling.node_times), what running it in reduced precision saves
     grows with; None unless every layer has a time above zero."""
     costs = {layer.node: times.get(layer.node, 0.0) for layer in layers}
     return costs if all(t > 0 for t in costs.values()) else None

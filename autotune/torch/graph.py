@@ -17,18 +17,12 @@ engine checks every replacement by numbers before it keeps it:
 Both take `floors`: node name -> the coarsest precision (template.PRECISIONS) that node may run in, which
 tune_model's accuracy contract raises for the layers that break its tolerance; a quantizing rule of a coarser
 precision leaves such a node alone (at "fp32", every quantizing rule does); the other rules may still take it.
-
-`node_times` and `profile` time each node on the example inputs: each task's share of the eager time, and a
-per-module breakdown (node.meta["nn_module_stack"]).
 """
 
 from __future__ import annotations
 
 import inspect
-import statistics
-import time
 import warnings
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -43,9 +37,7 @@ from .capture import CaptureError, capture, flat_inputs, module_path, simplify
 from .speed import SpeedCheck
 
 __all__ = ["CaptureError", "Discovery", "Replaced", "Rewrite", "SpeedCheck", "capture", "discover",
-           "example_values", "flat_inputs", "module_path", "node_times", "profile", "rewrite"]
-
-_STRUCTURAL = ("placeholder", "get_attr", "output")
+           "example_values", "flat_inputs", "module_path", "rewrite"]
 
 
 # ---- example values -----------------------------------------------------------------------------------------
@@ -468,45 +460,3 @@ def _drop_unused_attrs(gm: fx.GraphModule, before: set[str]) -> None:
     for name in _attr_names(gm) - before - used:
         if name in gm._buffers or name in gm._parameters or isinstance(getattr(gm, name, None), torch.Tensor):
             delattr(gm, name)
-
-
-# ---- profiling ----------------------------------------------------------------------------------------------
-class _Timer(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, sync: Callable[[], None]):
-        super().__init__(gm)
-        self.sync = sync
-        self.times: dict[str, list[float]] = defaultdict(list)
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op in _STRUCTURAL:
-            return super().run_node(n)
-        t0 = time.perf_counter()
-        out = super().run_node(n)
-        self.sync()
-        self.times[n.name].append(time.perf_counter() - t0)
-        return out
-
-
-def node_times(gm: fx.GraphModule, example_inputs: Any, runs: int = 5) -> dict[str, float]:
-    """{node name: median seconds} of each computing node on the example inputs (inference mode, one warm-up)."""
-    flat = flat_inputs(gm, example_inputs)
-    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda for v in flat)
-    timer = _Timer(gm, torch.cuda.synchronize if on_gpu else (lambda: None))
-    with torch.inference_mode():
-        timer.run(*flat)
-        timer.times.clear()
-        for _ in range(max(1, runs)):
-            timer.run(*flat)
-    return {name: statistics.median(t) for name, t in timer.times.items()}
-
-
-def profile(gm: fx.GraphModule, example_inputs: Any, runs: int = 5, depth: int | None = None) -> dict[str, float]:
-    """{module path: median seconds its nodes take} on the example inputs, e.g. {"bottom.0": 1.2e-4, ...};
-    `depth=1` groups by top-level module ("bottom", "embeddings", ...); "" is the model's own forward."""
-    times = node_times(gm, example_inputs, runs)
-    out: dict[str, float] = defaultdict(float)
-    for n in gm.graph.nodes:
-        if n.name in times:
-            path = module_path(n)
-            out[".".join(path.split(".")[:depth]) if depth else path] += times[n.name]
-    return dict(out)

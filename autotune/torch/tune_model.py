@@ -23,9 +23,10 @@ ones drawn like it (`timing_batches`), as a model meets them: one batch repeated
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
 
-Where each step lives: `graph.py` (capture, discover, rewrite), `rules.py` (the rules' one order), `session.py`
-(tasks, logs, builder and runner, the package), `whole_model.py` (the whole-model and fusion checks),
-`ladder.py` (the precision ladder), `accuracy.py` (the contract), `report.py` (what comes back).
+Where each step lives: `graph.py` (capture, discover, rewrite), `profiling.py` (each node's eager time),
+`rules.py` (the rules' one order), `session.py` (tasks, logs, builder and runner, the package), `whole_model.py`
+(the whole-model, fusion and model-as-given checks), `ladder.py` (the precision ladder), `accuracy.py` (the
+contract), `report.py` (what comes back).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from search_spaces.template import GraphRule
 from . import accuracy
 from .accuracy import Tolerance
 from .capture import as_args, capture
-from .graph import discover, node_times
+from .graph import discover
 from .ladder import PrecisionLadder, reduced_layers
+from .profiling import node_times
 from .report import TaskReport, TuneModelReport
 from .rules import collect_rules
 from .session import TuningSession
