@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 # `make tune`: the whole DLRM (examples/dlrm.py) tuned on this CPU and timed against PyTorch's own ways to run
 # it, one table per pooling. TRIALS per task, for the tasks the shipped records (logs/cpu/) do not cover: a first
-# run on 2 cores takes 6-10 minutes where they cover every task (install included), about 14 where none cover
+# run on 2 cores takes 5-10 minutes where they cover every task (install included), about 14 where none cover
 # any (the default BUDGET); a second run resumes from MODEL_LOG and tunes nothing already tuned.
 TRIALS  ?= 8
 # BUDGET=SECONDS: each tune_model call tunes for that long, each task's first 4 configs, then batch by batch where
