@@ -36,6 +36,8 @@ Scorer = Callable[[Sequence[Config]], np.ndarray]  # higher = predicted faster
 
 
 def _random_unseen(space: Space, seen: set[Config], n: int, rng: random.Random) -> list[Config]:
+    if n <= 0:  # nothing asked: never the enumeration below (a fused embedding space: ~20 s of combinations)
+        return []
     out: list[Config] = []
     picked = set(seen)
     for _ in range(n * 50):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import search_spaces
@@ -23,9 +24,19 @@ class Task:
     def template(self) -> Template:
         return search_spaces.get(self.op)
 
-    @property
+    @cached_property
     def space(self) -> Space:
+        """The template's space for this workload and device, made once per Task: what a space finds once (its
+        code paths, a path's valid configs where rejection sampling fails, its size) stays found for every
+        proposer, pick and share of the task (a fused embedding space enumerates millions of combinations)."""
         return self.template.space(self.workload, self.device.target())
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to build and measure workers) without the cached space: a worker makes its own if it needs one,
+        where the space's caches would cost a pickle of up to millions of configs per job."""
+        state = dict(self.__dict__)
+        state.pop("space", None)
+        return state
 
     @property
     def workload_key(self) -> str:

@@ -193,7 +193,14 @@ class Proposer:
         out = []
         while self.unexplored and len(out) < most:
             path = self.unexplored.pop(0)
-            pool = [c for c in self.space.configs_of_path(path) if c not in self.seen]
+            # a sample of the path, not all of it (a fused embedding path: millions of combinations, seconds to
+            # enumerate); drawn by its own generator, seeded by the path, so the proposals' stream stays as it was
+            draw = random.Random(repr(path))
+            try:
+                drawn = [self.space.sample(draw, path=path) for _ in range(EXPLORE_POOL)]
+            except ValueError:  # no valid config on that path (any more)
+                drawn = []
+            pool = [c for c in dict.fromkeys(drawn) if c not in self.seen]
             if pool:
                 out.append(pool[int(np.argmax(score(pool)))] if score is not None else self._rng.choice(pool))
         return out
@@ -217,6 +224,7 @@ class Proposer:
 
 
 ENUMERATE_LIMIT = 200_000  # spaces up to this many knob combinations are scored whole, not annealed
+EXPLORE_POOL = 256  # draws of an unexplored path the model picks its best of (a small path: all of it)
 
 
 class _Model:

@@ -203,6 +203,7 @@ class Space:
         self._present: tuple[tuple[Any, ...], ...] | None = None  # paths_present(), found once
         self._valid: dict[tuple[Any, ...], list[Config]] = {}  # a path's valid configs, when rejection fails
         self._unit: tuple[np.ndarray, np.ndarray] | None = None  # per-column (low, span) of the encodings
+        self._len: int | None = None  # len(self), found once
 
     # ---- construction and validation -------------------------------------------------------------
     def make(self, values: dict[str, Any]) -> Config:
@@ -242,8 +243,18 @@ class Space:
         return math.prod(len(d) for d in self._domains)
 
     def __len__(self) -> int:
-        """Number of valid configs (enumerates; spaces here are thousands, not billions)."""
-        return sum(1 for _ in self)
+        """Number of valid configs (enumerates the whole product once, then cached: a fused embedding space has
+        millions of combinations, ~30 s; `size_up_to` answers "at least n?" without that)."""
+        if self._len is None:
+            self._len = sum(1 for _ in self)
+        return self._len
+
+    def size_up_to(self, limit: int) -> int:
+        """The number of valid configs, counted no further than `limit` (min(len(self), limit)): whether the space
+        holds a run's trials, found from its first valid configs instead of all of them."""
+        if self._len is not None:
+            return min(self._len, limit)
+        return sum(1 for _ in itertools.islice(self, max(0, limit)))
 
     def __iter__(self) -> Iterator[Config]:
         names = [k.name for k in self.knobs]
@@ -304,10 +315,14 @@ class Space:
                 return cfg
         return None
 
-    def sample(self, rng: random.Random, tries: int = 1000) -> Config:
-        """A random valid config: a path uniformly among those present, then a uniform config within it
-        (rejection sampling, falling back to the path's enumerated valid configs, cached)."""
-        if self.paths:
+    def sample(self, rng: random.Random, tries: int = 1000, path: tuple[Any, ...] | None = None) -> Config:
+        """A random valid config: a path uniformly among those present (or the given `path`), then a uniform
+        config within it (rejection sampling, falling back to the path's enumerated valid configs, cached)."""
+        if path is not None:
+            if len(path) != len(self.paths):
+                raise ValueError(f"a path names {len(self.paths)} values ({list(self.paths)}), got {path!r}")
+            path = tuple(path)
+        elif self.paths:
             present = self.paths_present()
             if not present:
                 raise ValueError("the space has no valid config")

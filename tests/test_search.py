@@ -139,3 +139,17 @@ def test_model_search_with_diversity_hedges_within_the_models_best():
     assert {c[B] for c in plain} == {8} and plain[0] == hedged[0]
     top12 = sorted(sp, key=lambda c: -score([c])[0])[:12]
     assert set(hedged) <= set(top12) and {c[B] for c in hedged} == {4, 8}
+
+
+def test_asking_for_no_random_configs_never_enumerates_the_space():
+    """model_search and spread_design top up with random configs; where nothing is left to top up, the space
+    (a fused embedding space: millions of combinations) is not enumerated."""
+    from autotune.search import _random_unseen
+
+    class Unenumerable(Space):
+        def __iter__(self):
+            raise AssertionError("enumerated")
+
+    space = Unenumerable([Choice("a", (1, 2, 3))])
+    assert _random_unseen(space, set(), 0, random.Random(0)) == []
+    assert len(_random_unseen(space, set(), 2, random.Random(0))) == 2

@@ -107,6 +107,7 @@ class TuningSession:
         self.logs = _Logs(self.log_dir)
         self._curves: dict[TaskKey, list[float]] = {}  # each task's best after each batch of this session
         self._done: set[TaskKey] = set()  # tasks a batch could not add to
+        self._made: dict[TaskKey, Any] = {}  # each task's Task, made once (`_task`)
         self.package: Path | None = None
         self.exported = False  # whether any call of `tune` wrote the package (else it held these kernels)
         self._runner_spec = runner
@@ -214,9 +215,14 @@ class TuningSession:
         return tuple(out)
 
     def _task(self, t: TaskReport) -> Any:
+        """The task of `t`, made once per session: each batch, sibling share and pick reuses it, and with it what
+        its space found once (a fused embedding space enumerates a code path of millions of combinations to
+        sample it: tens of seconds each time a task was made anew)."""
         from ..task import make_task
 
-        return make_task(t.op, self.device, **t.fields)
+        if t.key not in self._made:
+            self._made[t.key] = make_task(t.op, self.device, **t.fields)
+        return self._made[t.key]
 
     def _tune_task(self, t: TaskReport, upto: int) -> None:
         """Tune one task until its log holds `upto` configs (resuming: `trials`, or a batch of the scheduler's),
@@ -235,7 +241,7 @@ class TuningSession:
                 t.shipped = covered.resumed(task)
                 self._pick(t, task)
                 return
-        more = min(upto, self.trials, len(task.space)) - in_log
+        more = min(upto, self.trials, task.space.size_up_to(min(upto, self.trials))) - in_log
         if more > 0:
             start = time.monotonic()
             try:

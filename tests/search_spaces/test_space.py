@@ -42,6 +42,24 @@ def test_space_size_respects_constraints():
     assert all(sp.is_valid(c) for c in sp)
 
 
+def test_size_up_to_stops_counting_at_its_limit_and_len_counts_once():
+    """A fused embedding space has millions of combinations: whether it holds a run's trials is answered from
+    its first valid configs, and its full size is enumerated once per space."""
+    checked = []
+
+    def even(c: Config) -> bool:
+        checked.append(c)
+        return c[A] % 2 == 0
+
+    A, B = Choice("a", tuple(range(100))), Choice("b", tuple(range(100)))
+    space = Space([A, B], [Constraint("a even", even)])
+    assert space.size_up_to(8) == 8 and len(checked) <= 16  # the first 8 valid of 10,000 combinations
+    assert len(space) == 5000 and len(checked) > 10_000 - 100
+    checked.clear()
+    assert len(space) == 5000 and space.size_up_to(10**9) == 5000 and space.size_up_to(3) == 3 and not checked
+    assert Space([A], [Constraint("none", lambda c: False)]).size_up_to(8) == 0
+
+
 def test_config_is_hashable_and_round_trips_through_json():
     sp = make_space()
     cfg = sp.sample(random.Random(1))
@@ -132,6 +150,16 @@ def test_sampling_visits_every_present_path_about_equally_and_stays_valid():
         assert 900 <= counts[p] <= 1100, counts  # 1000 each expected; uniform sampling gives 'small' ~12
     mid = [c for c in samples if c[PATH] == "mid"]
     assert len(set(mid)) == PATH_SIZES["mid"]  # uniform within a path: ~1000 draws of 50 configs hit them all
+
+
+def test_sampling_a_given_path_stays_on_it():
+    A, B = Choice("a", ("x", "y")), Choice("b", tuple(range(10)))
+    space = Space([A, B], [Constraint("y only with b < 2", lambda c: c[A] == "x" or c[B] < 2)], paths=["a"])
+    rng = random.Random(0)
+    drawn = {space.sample(rng, path=("y",)) for _ in range(50)}
+    assert {space.path_of(c) for c in drawn} == {("y",)} and len(drawn) == 2
+    with pytest.raises(ValueError, match="a path names 1 values"):
+        space.sample(rng, path=("y", 1))
 
 
 def test_sampling_falls_back_to_the_enumerated_path_when_rejection_fails():
