@@ -6,12 +6,12 @@ STAMP   := $(VENV)/.installed
 
 # `make tune`: the whole DLRM (examples/dlrm.py) tuned on this CPU and timed against PyTorch's own ways to run
 # it, one table per pooling. TRIALS per task, for the tasks the shipped records (logs/cpu/) do not cover: a first
-# run on 2 cores takes 5-10 minutes where they cover every task (install included), about 14 where none cover
+# run on 2 cores takes 5-10 minutes where they cover every task (install included), 11-14 where none cover
 # any (the default BUDGET); a second run resumes from MODEL_LOG and tunes nothing already tuned.
 TRIALS  ?= 8
 # BUDGET=SECONDS: each tune_model call tunes for that long, each task's first 4 configs, then batch by batch where
 # the model's time goes (TRIALS then caps each task); BUDGET= (empty): every task gets TRIALS configs. Where the
-# shipped records cover every task it changes nothing; on a CPU kind without records, 90 s a call took 14 minutes
+# shipped records cover every task it changes nothing; on a CPU kind without records, 90 s a call took 11-14 min
 # with the install (benchmarks/WHOLE_MODEL.md).
 BUDGET  ?= 90
 # RETUNE=1: tune the tasks the shipped records cover too (they then only compete with what this run measures).
