@@ -241,7 +241,7 @@ class TuningSession:
                 t.shipped = covered.resumed(task)
                 self._pick(t, task)
                 return
-        more = min(upto, self.trials, task.space.size_up_to(min(upto, self.trials))) - in_log
+        more = task.space.size_up_to(min(upto, self.trials)) - in_log  # a space smaller than that caps it
         if more > 0:
             start = time.monotonic()
             try:

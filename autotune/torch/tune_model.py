@@ -18,8 +18,9 @@ replacements there (their tasks are tuned too); the rewritten model is held to t
 ladder (int8, bf16 where a rule runs it, fp32) one at a time: the cheapest whose share of the error covers the
 excess, else the largest share; then, with speed checks, each rule's int8 layers one rung up where the whole
 model runs faster so, and the result is returned only where it runs faster than the model as given (else the
-model comes back unchanged); eager and optimized latency are measured interleaved. Every timing cycles through the example batch and fresh
-ones drawn like it (`timing_batches`), as a model meets them: one batch repeated keeps its rows in cache.
+model comes back unchanged); eager and optimized latency are measured interleaved. Every timing cycles through
+the example batch and fresh ones drawn like it (`timing_batches`), as a model meets them: one batch repeated
+keeps its rows in cache.
 The kernels serve the returned model through `torch.ops.autotune.*` in this process (the package is loaded
 into `autotune.torch.REGISTRY`); another process loads `log_dir/package` with `autotune.torch.load`.
 
@@ -89,8 +90,9 @@ def tune_model(model: torch.nn.Module, example_inputs: Any, *, device: str = "cp
     timed against the code it replaces and kept out unless it is faster by `speed.margin` (default
     `SpeedCheck()`: 3%, 3 rounds of 0.1 s per side, 9 rounds for whole models, 2 where each clears the margin by
     5%), and the rewritten model is returned only where it is that much faster than `model` itself (timed as
-    whole models are); False wires in every replacement that agrees (tests on tiny models, where kernels may lose). A model
-    with nothing to replace comes back as it is; example inputs the model rejects raise its own error.
+    whole models are); False wires in every replacement that agrees (tests on tiny models, where kernels may
+    lose). A model with nothing to replace comes back as it is; example inputs the model rejects raise its own
+    error.
     `runner`: where candidates are measured, as `autotune tune --runner` takes it ("local", "rpc://HOST:PORT/KEY"
     through TVM's tracker, "offline:DIR") or a Runner; `builder`: a Builder to compile them (else one pool).
     """
