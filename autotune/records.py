@@ -225,6 +225,36 @@ def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str 
     For maintainers, after proving a refactor leaves the generated code unchanged; never while a tuner writes
     to the log. Other records, and lines that do not parse, are kept byte for byte.
     """
+    def retagged(r: Record) -> Record | None:
+        if r.device.split(":")[0] != device_kind or from_version not in (None, r.template_version):
+            return None
+        tag = version if version is not None else current_version(r.op, r.device)
+        if tag is None:
+            raise LookupError(f"no template {op!r} here to take the version from; pass version=")
+        return replace(r, template_version=tag, version=FORMAT_VERSION)
+
+    return _rewrite_records(path, op, retagged)
+
+
+def add_knobs(path: str | os.PathLike[str], op: str, values: dict[str, Any]) -> int:
+    """Give `op`'s records in `path` the knobs of `values` they lack (knobs that joined the space, at the values
+    that generate the code the records measured), their config keys made again, rewriting the log atomically;
+    returns how many changed. For maintainers, before proving with `autotune.lowered` that the records' code is
+    unchanged and retagging them (`retag`); never while a tuner writes to the log. Other records, and lines that
+    do not parse, are kept byte for byte."""
+    def completed(r: Record) -> Record | None:
+        missing = {k: v for k, v in values.items() if k not in r.config}
+        if not missing:
+            return None
+        config = {**r.config, **missing}
+        return replace(r, config=config, config_key=json.dumps(config, sort_keys=True, separators=(",", ":")),
+                       version=FORMAT_VERSION)
+
+    return _rewrite_records(path, op, completed)
+
+
+def _rewrite_records(path: str | os.PathLike[str], op: str, change: Any) -> int:
+    """The log rewritten with `change(record)` (a new record, or None to keep the line) applied to `op`'s records."""
     path = Path(path)
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     out, n = [], 0
@@ -234,13 +264,11 @@ def retag(path: str | os.PathLike[str], op: str, device_kind: str, version: str 
         except (ValueError, TypeError, KeyError):
             out.append(line)
             continue
-        if r.op != op or r.device.split(":")[0] != device_kind or from_version not in (None, r.template_version):
+        changed = change(r) if r.op == op else None
+        if changed is None:
             out.append(line)
             continue
-        tag = version if version is not None else current_version(r.op, r.device)
-        if tag is None:
-            raise LookupError(f"no template {op!r} here to take the version from; pass version=")
-        out.append(replace(r, template_version=tag, version=FORMAT_VERSION).to_json() + "\n")
+        out.append(changed.to_json() + "\n")
         n += 1
     rewrite(path, out)
     return n

@@ -140,6 +140,20 @@ def test_retag_rewrites_one_op_and_device_kind_and_keeps_everything_else(tmp_pat
     assert Record.from_json(log.read_text().splitlines()[3]).template_version == "0123456789ab"
 
 
+def test_add_knobs_completes_one_ops_configs_and_their_keys_and_keeps_everything_else(tmp_path):
+    log = tmp_path / "log.jsonl"
+    keep = [rec("other-op").to_json() + "\n", '{"torn": \n']
+    done = faulty("d").to_json().replace('"config":{"k":"d"}', '"config":{"blk":8,"k":"d"}') + "\n"
+    log.write_text(faulty("a").to_json() + "\n" + keep[0] + done + keep[1])
+    assert records.add_knobs(log, FAULTY, {"blk": 0}) == 1  # the record that has the knob keeps its value
+    lines = log.read_text().splitlines(keepends=True)
+    assert lines[1:] == [keep[0], done, keep[1]]  # byte for byte
+    a = Record.from_json(lines[0])
+    assert a.config == {"blk": 0, "k": "a"} and a.config_key == '{"blk":0,"k":"a"}'
+    assert a.costs == faulty("a").costs and a.template_version == faulty("a").template_version
+    assert records.add_knobs(log, FAULTY, {"blk": 0}) == 0
+
+
 def test_best_pools_every_measurement_of_a_config():
     lucky, steady = rec("lucky", costs=(1.0, 9.0, 9.0)), rec("steady", costs=(5.0, 5.0, 5.0))
     assert records.best([lucky, steady], "op", "w1", "cpu:x").config_key == "steady"  # one fast repeat is luck

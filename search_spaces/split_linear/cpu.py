@@ -6,10 +6,10 @@ from typing import Any
 
 from .. import intrinsics
 from ..space import Choice, Config, Constraint, InvalidConfig, Space
-from .kernel import TILE, compute, padded
+from .kernel import TILE, compute, k_block, padded
 from .workload import PIECES, Workload
 
-__all__ = ["INTRINSIC", "M_TILES", "N_TILES", "ROWS_PER_TASK", "lower", "pack", "space"]
+__all__ = ["COLS_PER_TASK", "INTRINSIC", "K_BLOCK", "M_TILES", "N_TILES", "ROWS_PER_TASK", "lower", "pack", "space"]
 
 AMX_CPU_FEATURES = ("amx-tile", "amx-bf16")  # LLVM names
 INTRINSIC = Choice("intrinsic", ("amx", "simd"), doc=(
@@ -23,8 +23,18 @@ N_TILES = Choice("n_tiles", (2, 1, 3, 4), doc=(
     "Columns of the register block in 16-column tiles: each A tile loaded is used by this many B tiles; AMX's "
     "8 tile registers hold m_tiles x n_tiles accumulators and the m_tiles + n_tiles tiles they multiply."))
 ROWS_PER_TASK = Choice("rows_per_task", (64, 32, 128, 256), doc=(
-    "Rows of X one parallel task computes (whole register blocks): its three pieces (rows x K x 6 bytes) stay "
-    "in L1/L2 while every column block reads them; fewer rows give more tasks to spread over the cores."))
+    "Rows of X one parallel task computes (whole register blocks): its three pieces (rows x K x 6 bytes, a k "
+    "block's blocked) stay in L1/L2 while every column block reads them; fewer rows give more tasks to spread over "
+    "the cores, more rows fewer passes of the weight."))
+COLS_PER_TASK = Choice("cols_per_task", (0, 128, 256, 512), doc=(
+    "'amx': columns one parallel task computes (0: all). With all, the whole split weight (N x K x 6 bytes) streams "
+    "past every register block of rows: 21 MB for a 3456 -> 1024 layer, from memory 64 times a batch of 2048. A "
+    "group of columns (whole register blocks) with a k block keeps its weight in L2 while the task's rows pass."))
+K_BLOCK = Choice("k_block", (0, 256, 512, 1024, 2048), doc=(
+    "'amx': k per block (0: the whole K; else the most whole tile rows of 32 dividing K, up to this): the task runs "
+    "block by block, its accumulators (rows x columns float32) kept between blocks, so that a block of the rows' "
+    "pieces and of the group's weight stay in L2 together (a 3456-wide row's pieces are 20 KB). Offered where K's "
+    "tile rows give a block of at least half this."))
 
 
 def space(w: Workload, target: Any) -> Space:
@@ -33,11 +43,22 @@ def space(w: Workload, target: Any) -> Space:
         raise InvalidConfig(f"split_linear has no CPU schedule for target kind {target.kind.name!r}")
     intrins = ["amx"] if intrinsics.cpu_has(target, *AMX_CPU_FEATURES) else []
     intrins.append("simd")
-    return Space([INTRINSIC.only(intrins), M_TILES, N_TILES, ROWS_PER_TASK],
+    kp = padded(w, 1)[0]
+
+    def blocks_ok(c: Config) -> bool:  # blocks smaller than the layer only, and only AMX's
+        np_ = padded(w, c[N_TILES])[1]
+        if c[INTRINSIC] != "amx":
+            return c[COLS_PER_TASK] == 0 and c[K_BLOCK] == 0
+        k_ok = c[K_BLOCK] == 0 or (c[K_BLOCK] < kp and 2 * k_block(kp, c[K_BLOCK]) > c[K_BLOCK])  # not degenerate
+        return c[COLS_PER_TASK] < np_ and k_ok and c[COLS_PER_TASK] % (TILE * c[N_TILES]) == 0
+
+    return Space([INTRINSIC.only(intrins), M_TILES, N_TILES, ROWS_PER_TASK, COLS_PER_TASK, K_BLOCK],
                  [Constraint("an AMX block fits the 8 tile registers",
                              lambda c: c[INTRINSIC] != "amx" or intrinsics.amx_fits(c[M_TILES], c[N_TILES])),
                   Constraint("a task is whole register blocks",
-                             lambda c: c[ROWS_PER_TASK] % (TILE * c[M_TILES]) == 0)],
+                             lambda c: c[ROWS_PER_TASK] % (TILE * c[M_TILES]) == 0),
+                  Constraint("AMX's column groups and k blocks below the layer's N and K, of whole register blocks",
+                             blocks_ok)],
                  paths=[INTRINSIC.name])
 
 
@@ -47,7 +68,8 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
         raise InvalidConfig(f"split_linear has no CPU schedule for target kind {target.kind.name!r}")
     if cfg[INTRINSIC] == "amx" and not intrinsics.cpu_has(target, *AMX_CPU_FEATURES):
         raise InvalidConfig("split_linear: 'amx' needs a CPU with AMX-BF16")
-    return compute(w, cfg[INTRINSIC], cfg[M_TILES], cfg[N_TILES], cfg[ROWS_PER_TASK])
+    return compute(w, cfg[INTRINSIC], cfg[M_TILES], cfg[N_TILES], cfg[ROWS_PER_TASK], cfg[COLS_PER_TASK],
+                   cfg[K_BLOCK])
 
 
 def pieces(t: Any) -> list[Any]:

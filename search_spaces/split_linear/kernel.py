@@ -1,12 +1,21 @@
 """The TVMScript of split_linear's CPU kernels: parallel tasks of `rows_per_task` rows, each computing its rows'
-whole output in register blocks of m_tiles x n_tiles 16 x 16 tiles, then the bias and ReLU as it writes them.
+output in register blocks of m_tiles x n_tiles 16 x 16 tiles, then the bias and ReLU as it writes them.
 
-'amx': the task first splits its rows of X into three bf16 pieces each (x = hi + mid + lo exactly: each piece
-the bf16 rounding of what the ones before left), in a scratch the tiles then load from (L1/L2: rows x K x 6
-bytes); the weight comes split the same way, packed once in the layout AMX's B tiles read (pairs of k per
-column). Per 32 of k, the six products of pieces down to 2^-16 of the term (hi·hi, hi·mid, hi·lo, mid·hi,
-mid·mid, lo·hi; workload.py) accumulate in the fp32 tiles (`tdpbf16ps`), grouped by X's piece so each A tile is
-loaded once. 'simd': float32 FMAs on the weight packed in 16-column panels (CPUs without AMX-BF16).
+'amx': the task splits its rows of X into three bf16 pieces each (x = hi + mid + lo exactly: each piece the bf16
+rounding of what the ones before left), in a scratch the tiles then load from; the weight comes split the same
+way, packed once in the layout AMX's B tiles read (pairs of k per column). Per 32 of k, the six products of
+pieces down to 2^-16 of the term (hi·hi, hi·mid, hi·lo, mid·hi, mid·mid, lo·hi; workload.py) accumulate in the
+fp32 tiles (`tdpbf16ps`), grouped by X's piece so each A tile is loaded once.
+
+Whole rows (the default): a task sweeps every column for its rows over the whole K, register block by register
+block, rows outer: the rows' pieces (rows x K x 6 bytes) stay in cache, and the whole split weight (N x K x 6
+bytes) streams past each 16 x m_tiles rows. Where that weight is large (DLRMv2's 3456-wide layers: 21 MB for
+3456 -> 1024) it is read from memory 64 times a batch of 2048; blocked (`cols_per_task`, `k_block`): a task owns
+a group of columns too, and runs k block by k block, its accumulators (rows x columns float32) kept in a buffer
+between blocks, columns outer: a k block of the group's weight stays in L2 while the task's rows pass it, and
+the rows' pieces of a k block (rows x k_block x 6 bytes) while the columns do. The sums are the same float32
+sums in the same order either way (a tile's accumulators stored and loaded again unchanged).
+'simd': float32 FMAs on the weight packed in 16-column panels (CPUs without AMX-BF16).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Any
 from .. import _amx_tiles as amx_tiles
 from .workload import PIECES, Workload
 
-__all__ = ["K_PAIR_BLOCK", "TILE", "compute", "padded"]
+__all__ = ["K_PAIR_BLOCK", "TILE", "compute", "k_block", "padded"]
 
 TILE = amx_tiles.ROWS  # an AMX tile's rows, and the fp32 columns of an accumulator tile
 K_PAIR_BLOCK = 32  # bf16 values of k one tile row holds (64 bytes)
@@ -28,14 +37,31 @@ def padded(w: Workload, n_tiles: int) -> tuple[int, int]:
     return -(-w.k // K_PAIR_BLOCK) * K_PAIR_BLOCK, -(-w.n // cols) * cols
 
 
-def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_task: int) -> Any:
-    """The IRModule of one config: main(X (M, K), the packed weight, Bias (N,), Y (M, N)), M any size."""
+def k_block(kp: int, want: int) -> int:
+    """The k block of a blocked kernel: the most whole tile rows (32 of k) dividing Kp, up to `want` (0: Kp)."""
+    if not want or want >= kp:
+        return kp
+    size = max(K_PAIR_BLOCK, want // K_PAIR_BLOCK * K_PAIR_BLOCK)
+    while kp % size:
+        size -= K_PAIR_BLOCK
+    return size
+
+
+def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_task: int, cols_per_task: int = 0,
+            k_blk: int = 0) -> Any:
+    """The IRModule of one config: main(X (M, K), the packed weight, Bias (N,), Y (M, N)), M any size.
+    `cols_per_task` (0: all) and `k_blk` (0: the whole K) block an 'amx' kernel (the module docstring)."""
     import tvm
     from tvm.script import tirx as T
 
     K, N, MT, NT, MB = w.k, w.n, m_tiles, n_tiles, rows_per_task
     Kp, Np = padded(w, NT)
     BR, BC = TILE * MT, TILE * NT  # a register block's rows and columns
+    KB = k_block(Kp, k_blk)  # k per block (Kp: one block)
+    NBK = Np // BC  # register blocks of columns
+    GB = NBK if not cols_per_task else max(1, min(NBK, cols_per_task // BC))  # a task's register blocks of columns
+    GROUPS = -(-NBK // GB)
+    blocked = intrinsic == "amx" and (KB < Kp or GROUPS > 1)
     a_tile, b_tile = MT * NT, MT * NT + MT  # tile registers: accumulators, then A's, then B's
     relu, amx = w.relu, intrinsic == "amx"
     kv = K // 16 * 16  # X's columns copied 16 at a time; the rest one by one
@@ -45,23 +71,39 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
     load_tile_config = amx_tiles.tile_config()
 
     @T.macro
+    def put(Y, Bias, row, col, value):
+        # Y[row, col] = the accumulated value plus the bias, through the ReLU
+        if relu:
+            Y[row, col] = T.max(value + Bias[col], T.float32(0))
+        else:
+            Y[row, col] = value + Bias[col]
+
+    @T.macro
     def store(Y, C, Bias, row0, col0, M):
-        # the block's accumulators C (BR x BC) plus the bias, through the ReLU, into Y's rows below M and
-        # columns below N
+        # the block's accumulators C (BR x BC) into Y's rows below M and columns below N
         for r in range(BR):
             if row0 + r < M:
                 if col0 + BC <= N:
                     for c in T.vectorized(BC):
-                        if relu:
-                            Y[row0 + r, col0 + c] = T.max(C[r, c] + Bias[col0 + c], T.float32(0))
-                        else:
-                            Y[row0 + r, col0 + c] = C[r, c] + Bias[col0 + c]
+                        put(Y, Bias, row0 + r, col0 + c, C[r, c])
                 else:
                     for c in range(N - col0):
-                        if relu:
-                            Y[row0 + r, col0 + c] = T.max(C[r, c] + Bias[col0 + c], T.float32(0))
-                        else:
-                            Y[row0 + r, col0 + c] = C[r, c] + Bias[col0 + c]
+                        put(Y, Bias, row0 + r, col0 + c, C[r, c])
+
+    @T.macro
+    def split_pieces(S, R, H, i, width):
+        # S[p, i, :width] = piece p of R[:width], R left holding what the pieces leave (zero)
+        for p in T.unroll(PIECES):
+            for kc in range(width // 16):
+                for k in T.vectorized(16):  # bf16 rounding, to nearest even, of R's float32 bits
+                    H[k] = T.shift_right(
+                        T.reinterpret("uint32", R[kc * 16 + k]) + T.uint32(0x7FFF)
+                        + T.bitwise_and(T.shift_right(T.reinterpret("uint32", R[kc * 16 + k]), T.uint32(16)),
+                                        T.uint32(1)), T.uint32(16))
+                for k in T.vectorized(16):
+                    S[p, i, kc * 16 + k] = T.Cast("uint16", H[k])
+                for k in T.vectorized(16):
+                    R[kc * 16 + k] = R[kc * 16 + k] - T.reinterpret("float32", T.shift_left(H[k], T.uint32(16)))
 
     @T.macro
     def split_rows(X, S, R, H, first, blocks, M):
@@ -79,17 +121,25 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
             else:
                 for k in T.vectorized(Kp):
                     R[k] = T.float32(0)
-            for p in T.unroll(PIECES):
-                for kc in range(Kp // 16):
-                    for k in T.vectorized(16):  # bf16 rounding, to nearest even, of R's float32 bits
-                        H[k] = T.shift_right(
-                            T.reinterpret("uint32", R[kc * 16 + k]) + T.uint32(0x7FFF)
-                            + T.bitwise_and(T.shift_right(T.reinterpret("uint32", R[kc * 16 + k]), T.uint32(16)),
-                                            T.uint32(1)), T.uint32(16))
-                    for k in T.vectorized(16):
-                        S[p, i, kc * 16 + k] = T.Cast("uint16", H[k])
-                    for k in T.vectorized(16):
-                        R[kc * 16 + k] = R[kc * 16 + k] - T.reinterpret("float32", T.shift_left(H[k], T.uint32(16)))
+            split_pieces(S, R, H, i, Kp)
+
+    @T.macro
+    def tile_step(Wp, S, mi, nj, ks, k_row, a_stride):
+        # the six products of one 32-wide step of k into the accumulators: X's pieces at column ks * 32 of S (rows
+        # a_stride bytes apart), W's at tile row k_row of its packed k
+        for pa in T.unroll(PIECES):  # X's piece: its A tiles loaded once for the products it takes part in
+            for ti in T.unroll(MT):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(a_tile + ti), T.address_of(
+                    S[pa, mi * BR + ti * TILE, ks * K_PAIR_BLOCK]), T.int64(a_stride)))
+            for pw in T.unroll(PIECES):
+                if pa + pw < PIECES:  # the products down to 2^-16 of the term
+                    for tj in T.unroll(NT):
+                        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(b_tile + tj), T.address_of(
+                            Wp[((pw * (Np // TILE) + nj * NT + tj) * (Kp // 2) + k_row) * 2 * TILE]), T.int64(64)))
+                    for ti in T.unroll(MT):
+                        for tj in T.unroll(NT):
+                            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(ti * NT + tj),
+                                                          T.int8(a_tile + ti), T.int8(b_tile + tj)))
 
     @T.macro
     def amx_block(Wp, S, C, mi, nj):
@@ -97,20 +147,7 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
             for tj in T.unroll(NT):
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(ti * NT + tj)))
         for ks in range(Kp // K_PAIR_BLOCK):
-            for pa in T.unroll(PIECES):  # X's piece: its A tiles loaded once for the products it takes part in
-                for ti in T.unroll(MT):
-                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(a_tile + ti), T.address_of(
-                        S[pa, mi * BR + ti * TILE, ks * K_PAIR_BLOCK]), T.int64(Kp * 2)))
-                for pw in T.unroll(PIECES):
-                    if pa + pw < PIECES:  # the products down to 2^-16 of the term
-                        for tj in T.unroll(NT):
-                            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(b_tile + tj),
-                                                          T.address_of(Wp[((pw * (Np // TILE) + nj * NT + tj) * (Kp // 2) + ks * TILE) * 2 * TILE]),
-                                                          T.int64(64)))
-                        for ti in T.unroll(MT):
-                            for tj in T.unroll(NT):
-                                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(ti * NT + tj),
-                                                              T.int8(a_tile + ti), T.int8(b_tile + tj)))
+            tile_step(Wp, S, mi, nj, ks, ks * TILE, Kp * 2)
         for ti in T.unroll(MT):
             for tj in T.unroll(NT):
                 T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(ti * NT + tj),
@@ -127,6 +164,86 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                     for v in T.unroll(NT):
                         C[r, T.ramp(v * TILE, 1, TILE)] = C[r, T.ramp(v * TILE, 1, TILE)] + T.broadcast(
                             X[row0 + r, k], TILE) * Wp[T.ramp(((nj * NT + v) * K + k) * TILE, 1, TILE)]
+
+    @T.macro
+    def split_block(X, S, R, H, first, blocks, M, k0):
+        # S[p, i, :] = piece p of row first + i of X over k0 .. k0 + KB (zeros past M and past K)
+        for i in range(blocks * BR):
+            if first + i < M:
+                if k0 + KB <= K:
+                    for kc in range(KB // 16):
+                        for k in T.vectorized(16):
+                            R[kc * 16 + k] = X[first + i, k0 + kc * 16 + k]
+                else:
+                    for k in range(KB):
+                        if k0 + k < K:
+                            R[k] = X[first + i, k0 + k]
+                        else:
+                            R[k] = T.float32(0)
+            else:
+                for k in T.vectorized(KB):
+                    R[k] = T.float32(0)
+            split_pieces(S, R, H, i, KB)
+
+    @T.macro
+    def amx_k_block(Wp, S, Acc, mi, nj, gj, kb):
+        # the register block (rows mi, the group's columns gj = columns nj of the layer) over k block kb, its
+        # accumulators from Acc (zero at the first block) and back to it
+        for ti in T.unroll(MT):
+            for tj in T.unroll(NT):
+                if kb == 0:
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(ti * NT + tj)))
+                else:
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(ti * NT + tj), T.address_of(
+                        Acc[mi * BR + ti * TILE, gj * BC + tj * TILE]), T.int64(GB * BC * 4)))
+        for ks in range(KB // K_PAIR_BLOCK):
+            tile_step(Wp, S, mi, nj, ks, (kb * (KB // K_PAIR_BLOCK) + ks) * TILE, KB * 2)
+        for ti in T.unroll(MT):
+            for tj in T.unroll(NT):
+                T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(ti * NT + tj), T.address_of(
+                    Acc[mi * BR + ti * TILE, gj * BC + tj * TILE]), T.int64(GB * BC * 4)))
+
+    @T.macro
+    def store_acc(Y, Acc, Bias, row0, rows, col0, cols, M):
+        # the task's accumulators (rows x cols) into Y's rows below M and columns below N
+        for r in range(rows):
+            if row0 + r < M:
+                if col0 + cols <= N:
+                    for cb in range(cols // BC):
+                        for c in T.vectorized(BC):
+                            put(Y, Bias, row0 + r, col0 + cb * BC + c, Acc[r, cb * BC + c])
+                else:
+                    for c in range(N - col0):
+                        put(Y, Bias, row0 + r, col0 + c, Acc[r, c])
+
+    @T.prim_func(s_tir=True)
+    def blocked_main(x_: T.handle, w_: T.handle, b_: T.handle, y_: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        M = T.int64()
+        X = T.match_buffer(x_, (M, K), "float32", align=4)
+        Wp = T.match_buffer(w_, (WN,), w_dtype)
+        Bias = T.match_buffer(b_, (N,), "float32", align=4)
+        Y = T.match_buffer(y_, (M, N), "float32", align=4)
+        for t in T.parallel((M + MB - 1) // MB * GROUPS):
+            with T.sblock("task"):
+                vt = T.axis.spatial((M + MB - 1) // MB * GROUPS, t)
+                T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N])
+                T.writes(Y[0:M, 0:N])
+                Acc = T.sblock_alloc_buffer((MB, GB * BC), "float32")
+                S = T.sblock_alloc_buffer((PIECES, MB, KB), "uint16")
+                R = T.sblock_alloc_buffer((KB,), "float32")
+                H = T.sblock_alloc_buffer((16,), "uint32")
+                row0 = vt // GROUPS * MB
+                group = vt % GROUPS
+                blocks = T.min(T.int64(MB // BR), (M - row0 + BR - 1) // BR)
+                cols = T.min(GB, NBK - group * GB)  # the group's register blocks (the last group's may be fewer)
+                load_tile_config()
+                for kb in range(Kp // KB):
+                    split_block(X, S, R, H, row0, blocks, M, kb * KB)
+                    for gj in range(cols):
+                        for mi in range(blocks):
+                            amx_k_block(Wp, S, Acc, mi, group * GB + gj, gj, kb)
+                store_acc(Y, Acc, Bias, row0, blocks * BR, group * GB * BC, cols * BC, M)
 
     @T.prim_func(s_tir=True)
     def main(x_: T.handle, w_: T.handle, b_: T.handle, y_: T.handle):
@@ -161,4 +278,4 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                             simd_block(X, Wp, C, vt * MB + mi * BR, nj, M)
                             store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
 
-    return tvm.IRModule({"main": main})
+    return tvm.IRModule({"main": blocked_main if blocked else main})
