@@ -28,7 +28,7 @@ where symmetric int8 has 128, at no cost (VNNI multiplies u8 x s8; int8 activati
 
 A chain whose last layer (no ReLU) is followed by DCNv2's cross tail, `x0 * (y + b) + x` (TorchRec's
 LowRankCrossNet), ends with qmatmul_cross on CPUs: the tail is the last kernel's epilogue
-(cross_tail.py says what it matches).
+(search_spaces/_cross_tail.py says what it matches).
 
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
@@ -45,11 +45,11 @@ from typing import Any, Iterator
 import torch
 
 from .. import get as template
+from .._cross_tail import CrossTail, cross_tail, tail_bias
 from .._graph import (attr, has_op, host_cpu_flags, insertion_point, is_call, register, scalar_arg, sole_user,
                       tensor_value, where, workload_error)
 from ..quantize_rows.workload import quantize_rows
 from ..template import GraphMatch, GraphRule, Kept, Reduced
-from .cross_tail import CrossTail, cross_tail
 from .workload import UNSIGNED_QMAX, a_range, quantize_unsigned_rows
 
 __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
@@ -300,7 +300,7 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]], tail: 
                     layer_new = [wq_node, scale_node, out]
                 elif op == CROSS:
                     out = gm.graph.call_function(torch.ops.autotune.qmatmul_cross.default,
-                                                 (a, wq_node, a_scale, scale_node, _cross_bias(gm, b, tail), tail.x0,
+                                                 (a, wq_node, a_scale, scale_node, tail_bias(gm, b, tail), tail.x0,
                                                   tail.x, fields["a_bits"]))
                     layer_new = [wq_node, scale_node, out]
                 else:
@@ -314,14 +314,6 @@ def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]], tail: 
         return (out,)
 
     return replace
-
-
-def _cross_bias(gm: Any, linear_bias: Any, tail: CrossTail) -> Any:
-    """The bias node of qmatmul_cross: the Linear's, the tail's, or their sum registered once."""
-    if linear_bias is None or tail.bias is None:
-        return linear_bias if tail.bias is None else tail.bias
-    total = attr(gm, linear_bias.target).detach() + attr(gm, tail.bias.target).detach()
-    return register(gm, "autotune_cross_bias", total.contiguous())
 
 
 def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:

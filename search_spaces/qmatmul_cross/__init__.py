@@ -4,7 +4,7 @@ A DCNv2 cross layer (`x_{l+1} = x0 * (W (V x_l) + b) + x_l`; MLPerf's DLRMv2 has
 elementwise work as large as its output: run eagerly after an int8 W product, the bias add, the product with x0
 and the residual add each pass a (batch x 3456) float32 tensor through memory, as long together as both int8
 products. Here the W product's epilogue reads x0 and x as it writes the output: the product never exists in
-memory. qmatmul's chain rule (qmatmul/graph.py, the tail in qmatmul/cross_tail.py) puts it at the end of a
+memory. qmatmul's chain rule (qmatmul/graph.py, the tail in search_spaces/_cross_tail.py) puts it at the end of a
 chain the tail follows.
 
 workload.py: fields and semantics; cpu.py: qmatmul's CPU kernel with this epilogue; torch_op.py:

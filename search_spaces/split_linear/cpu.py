@@ -62,14 +62,15 @@ def space(w: Workload, target: Any) -> Space:
                  paths=[INTRINSIC.name])
 
 
-def lower(w: Workload, cfg: Config, target: Any) -> Any:
-    """The IRModule of one config (kernel.py writes the loops itself: nothing is left to schedule)."""
+def lower(w: Workload, cfg: Config, target: Any, cross: bool = False) -> Any:
+    """The IRModule of one config (kernel.py writes the loops itself: nothing is left to schedule); `cross`: with
+    DCNv2's cross tail as its epilogue (split_linear_cross)."""
     if target.kind.name != "llvm":
         raise InvalidConfig(f"split_linear has no CPU schedule for target kind {target.kind.name!r}")
     if cfg[INTRINSIC] == "amx" and not intrinsics.cpu_has(target, *AMX_CPU_FEATURES):
         raise InvalidConfig("split_linear: 'amx' needs a CPU with AMX-BF16")
     return compute(w, cfg[INTRINSIC], cfg[M_TILES], cfg[N_TILES], cfg[ROWS_PER_TASK], cfg[COLS_PER_TASK],
-                   cfg[K_BLOCK])
+                   cfg[K_BLOCK], cross)
 
 
 def pieces(t: Any) -> list[Any]:

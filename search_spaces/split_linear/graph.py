@@ -3,6 +3,9 @@ on a 2-D CPU input, on CPUs with AMX-BF16 (elsewhere its float32 FMAs do not bea
 least a tile's 16 outputs and MIN_WORK multiply-adds on the example (below that the split and the tiles' setup
 cost more than the products: DLRM's 256 -> 1 head took 0.13 ms against PyTorch's 0.05).
 
+A Linear (no ReLU) followed by DCNv2's cross tail `x0 * (y + b) + x` (TorchRec's LowRankCrossNet, MLPerf's
+DLRMv2; search_spaces/_cross_tail.py) runs as split_linear_cross, the tail in its epilogue.
+
 The rule runs before `dense_linear` (oneDNN, autotune/torch/dense.py) and takes the same sites: it declares
 them fused (`GraphRule.fuses`), so tune_model tunes it and keeps its replacements only where the whole model
 runs faster with them than with oneDNN's at those sites.
@@ -14,6 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .._cross_tail import CrossTail, cross_tail, tail_bias
 from .._graph import host_cpu_flags, insertion_point, is_call, scalar_arg, sole_user, tensor_value, where
 from ..template import GraphMatch, GraphRule
 
@@ -21,6 +25,7 @@ __all__ = ["RULES"]
 
 aten = torch.ops.aten
 RULE = "split_linear"
+CROSS = "split_linear_cross"
 RELUS = (aten.relu.default, aten.relu_.default)
 # float32 results of another summation order, as dense_linear's: a few ulps of the output's range per product
 RTOL, RANGE_ATOL = 1e-4, 1e-5
@@ -33,6 +38,21 @@ def _replace(linear: Any, relu: Any) -> Any:
         with gm.graph.inserting_before(insertion_point(gm, [x, w, b], [relu or linear])):
             x = gm.graph.call_function(aten.contiguous.default, (x,))  # the kernels read rows; Linear took any x
             new = gm.graph.call_function(torch.ops.autotune.split_linear.default, (x, w, b, relu is not None))
+        for node in (x, new):
+            node.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
+        return (new,)
+
+    return replace
+
+
+def _replace_cross(linear: Any, tail: CrossTail) -> Any:
+    def replace(gm: Any) -> tuple[Any, ...]:
+        x, w, b = linear.args[0], linear.args[1], scalar_arg(linear, 2, "bias", None)
+        reads = [r for r in (x, w, b, tail.bias, tail.x0, tail.x) if r is not None]
+        with gm.graph.inserting_before(insertion_point(gm, reads, [tail.out])):
+            x = gm.graph.call_function(aten.contiguous.default, (x,))
+            new = gm.graph.call_function(torch.ops.autotune.split_linear_cross.default,
+                                         (x, w, tail_bias(gm, b, tail), tail.x0, tail.x))
         for node in (x, new):
             node.meta["nn_module_stack"] = linear.meta.get("nn_module_stack", {})
         return (new,)
@@ -59,6 +79,11 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
             continue
         relu = sole_user(linear, *RELUS)
         relu = None if relu in claimed else relu
+        tail = cross_tail(gm, values, linear, (m, n)) if relu is None else None
+        if tail is not None and not any(node in claimed for node in tail.nodes):
+            yield _cross_match(gm, values, linear, tail, {"m": m, "k": k, "n": n,
+                                                          "bias": b is not None or tail.bias is not None})
+            continue
         ref = tensor_value(gm, values, relu or linear)
         scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
         nodes = (linear,) if relu is None else (linear, relu)
@@ -68,6 +93,18 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
             replace=_replace(linear, relu), tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
             what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> split_linear (float32 from bf16 "
                  "pieces on AMX tiles)")
+
+
+def _cross_match(gm: Any, values: dict[str, Any], linear: Any, tail: CrossTail, fields: dict[str, Any]) -> GraphMatch:
+    """The Linear and the cross tail after it as one split_linear_cross."""
+    nodes = (linear, *tail.nodes)
+    ref = tensor_value(gm, values, tail.out)
+    scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
+    return GraphMatch(
+        rule=RULE, nodes=nodes, outputs=(tail.out,), tasks=((CROSS, fields),), replace=_replace_cross(linear, tail),
+        tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
+        what=f"Linear({fields['k']}, {fields['n']}) + DCNv2's cross tail -> split_linear_cross (float32 from bf16 "
+             "pieces on AMX tiles, the tail in its epilogue)")
 
 
 RULES = (GraphRule(RULE, find, fuses=("dense_linear",)),)

@@ -48,9 +48,11 @@ def k_block(kp: int, want: int) -> int:
 
 
 def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_task: int, cols_per_task: int = 0,
-            k_blk: int = 0) -> Any:
+            k_blk: int = 0, cross: bool = False) -> Any:
     """The IRModule of one config: main(X (M, K), the packed weight, Bias (N,), Y (M, N)), M any size.
-    `cols_per_task` (0: all) and `k_blk` (0: the whole K) block an 'amx' kernel (the module docstring)."""
+    `cols_per_task` (0: all) and `k_blk` (0: the whole K) block an 'amx' kernel (the module docstring). `cross`:
+    main(X, the packed weight, Bias, X0 (M, N), XR (M, N), Y), Y = X0 * (X @ W.T + Bias) + XR (DCNv2's cross
+    layer after its W product: split_linear_cross), no ReLU."""
     import tvm
     from tvm.script import tirx as T
 
@@ -71,24 +73,27 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
     load_tile_config = amx_tiles.tile_config()
 
     @T.macro
-    def put(Y, Bias, row, col, value):
-        # Y[row, col] = the accumulated value plus the bias, through the ReLU
-        if relu:
+    def put(Y, Bias, X0, XR, row, col, value):
+        # Y[row, col] = the accumulated value plus the bias, through the ReLU, or DCNv2's cross tail on it
+        # (x0 * (value + bias) + x: X0 and XR, the cross network's and the layer's inputs; None without a tail)
+        if cross:
+            Y[row, col] = X0[row, col] * (value + Bias[col]) + XR[row, col]
+        elif relu:
             Y[row, col] = T.max(value + Bias[col], T.float32(0))
         else:
             Y[row, col] = value + Bias[col]
 
     @T.macro
-    def store(Y, C, Bias, row0, col0, M):
+    def store(Y, C, Bias, X0, XR, row0, col0, M):
         # the block's accumulators C (BR x BC) into Y's rows below M and columns below N
         for r in range(BR):
             if row0 + r < M:
                 if col0 + BC <= N:
                     for c in T.vectorized(BC):
-                        put(Y, Bias, row0 + r, col0 + c, C[r, c])
+                        put(Y, Bias, X0, XR, row0 + r, col0 + c, C[r, c])
                 else:
                     for c in range(N - col0):
-                        put(Y, Bias, row0 + r, col0 + c, C[r, c])
+                        put(Y, Bias, X0, XR, row0 + r, col0 + c, C[r, c])
 
     @T.macro
     def split_pieces(S, R, H, i, width):
@@ -204,78 +209,95 @@ def compute(w: Workload, intrinsic: str, m_tiles: int, n_tiles: int, rows_per_ta
                     Acc[mi * BR + ti * TILE, gj * BC + tj * TILE]), T.int64(GB * BC * 4)))
 
     @T.macro
-    def store_acc(Y, Acc, Bias, row0, rows, col0, cols, M):
+    def store_acc(Y, Acc, Bias, X0, XR, row0, rows, col0, cols, M):
         # the task's accumulators (rows x cols) into Y's rows below M and columns below N
         for r in range(rows):
             if row0 + r < M:
                 if col0 + cols <= N:
                     for cb in range(cols // BC):
                         for c in T.vectorized(BC):
-                            put(Y, Bias, row0 + r, col0 + cb * BC + c, Acc[r, cb * BC + c])
+                            put(Y, Bias, X0, XR, row0 + r, col0 + cb * BC + c, Acc[r, cb * BC + c])
                 else:
                     for c in range(N - col0):
-                        put(Y, Bias, row0 + r, col0 + c, Acc[r, c])
+                        put(Y, Bias, X0, XR, row0 + r, col0 + c, Acc[r, c])
 
-    @T.prim_func(s_tir=True)
-    def blocked_main(x_: T.handle, w_: T.handle, b_: T.handle, y_: T.handle):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        M = T.int64()
-        X = T.match_buffer(x_, (M, K), "float32", align=4)
-        Wp = T.match_buffer(w_, (WN,), w_dtype)
-        Bias = T.match_buffer(b_, (N,), "float32", align=4)
-        Y = T.match_buffer(y_, (M, N), "float32", align=4)
-        for t in T.parallel((M + MB - 1) // MB * GROUPS):
-            with T.sblock("task"):
-                vt = T.axis.spatial((M + MB - 1) // MB * GROUPS, t)
-                T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N])
-                T.writes(Y[0:M, 0:N])
-                Acc = T.sblock_alloc_buffer((MB, GB * BC), "float32")
-                S = T.sblock_alloc_buffer((PIECES, MB, KB), "uint16")
-                R = T.sblock_alloc_buffer((KB,), "float32")
-                H = T.sblock_alloc_buffer((16,), "uint32")
-                row0 = vt // GROUPS * MB
-                group = vt % GROUPS
-                blocks = T.min(T.int64(MB // BR), (M - row0 + BR - 1) // BR)
-                cols = T.min(GB, NBK - group * GB)  # the group's register blocks (the last group's may be fewer)
-                load_tile_config()
-                for kb in range(Kp // KB):
-                    split_block(X, S, R, H, row0, blocks, M, kb * KB)
-                    for gj in range(cols):
-                        for mi in range(blocks):
-                            amx_k_block(Wp, S, Acc, mi, group * GB + gj, gj, kb)
-                store_acc(Y, Acc, Bias, row0, blocks * BR, group * GB * BC, cols * BC, M)
+    @T.macro
+    def blocked_task(X, Wp, Bias, X0, XR, Y, M, vt):
+        # task vt: a group of columns of a block of rows, k block by k block
+        Acc = T.sblock_alloc_buffer((MB, GB * BC), "float32")
+        S = T.sblock_alloc_buffer((PIECES, MB, KB), "uint16")
+        R = T.sblock_alloc_buffer((KB,), "float32")
+        H = T.sblock_alloc_buffer((16,), "uint32")
+        row0 = vt // GROUPS * MB
+        group = vt % GROUPS
+        blocks = T.min(T.int64(MB // BR), (M - row0 + BR - 1) // BR)
+        cols = T.min(GB, NBK - group * GB)  # the group's register blocks (the last group's may be fewer)
+        load_tile_config()
+        for kb in range(Kp // KB):
+            split_block(X, S, R, H, row0, blocks, M, kb * KB)
+            for gj in range(cols):
+                for mi in range(blocks):
+                    amx_k_block(Wp, S, Acc, mi, group * GB + gj, gj, kb)
+        store_acc(Y, Acc, Bias, X0, XR, row0, blocks * BR, group * GB * BC, cols * BC, M)
 
-    @T.prim_func(s_tir=True)
-    def main(x_: T.handle, w_: T.handle, b_: T.handle, y_: T.handle):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        M = T.int64()
-        X = T.match_buffer(x_, (M, K), "float32", align=4)  # a row view of a larger batch: 4-byte aligned
-        Wp = T.match_buffer(w_, (WN,), w_dtype)
-        Bias = T.match_buffer(b_, (N,), "float32", align=4)
-        Y = T.match_buffer(y_, (M, N), "float32", align=4)
-        for t in T.parallel((M + MB - 1) // MB):
-            with T.sblock("task"):
-                vt = T.axis.spatial((M + MB - 1) // MB, t)
-                T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N])
-                T.writes(Y[0:M, 0:N])
-                C = T.sblock_alloc_buffer((BR, BC), "float32")
-                # register blocks holding the task's rows: the last task of a call (or a call of a few rows)
-                # computes no block of rows past M
-                blocks = T.min(T.int64(MB // BR), (M - vt * MB + BR - 1) // BR)
-                if amx:
-                    S = T.sblock_alloc_buffer((PIECES, MB, Kp), "uint16")
-                    R = T.sblock_alloc_buffer((Kp,), "float32")
-                    H = T.sblock_alloc_buffer((16,), "uint32")
-                    load_tile_config()
-                    split_rows(X, S, R, H, vt * MB, blocks, M)
-                    for mi in range(blocks):
-                        for nj in range(Np // BC):
-                            amx_block(Wp, S, C, mi, nj)
-                            store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
-                else:
-                    for mi in range(blocks):
-                        for nj in range(Np // BC):
-                            simd_block(X, Wp, C, vt * MB + mi * BR, nj, M)
-                            store(Y, C, Bias, vt * MB + mi * BR, nj * BC, M)
+    @T.macro
+    def rows_task(X, Wp, Bias, X0, XR, Y, M, vt):
+        # task vt: a block of rows, every column over the whole K
+        C = T.sblock_alloc_buffer((BR, BC), "float32")
+        # register blocks holding the task's rows: the last task of a call (or a call of a few rows)
+        # computes no block of rows past M
+        blocks = T.min(T.int64(MB // BR), (M - vt * MB + BR - 1) // BR)
+        if amx:
+            S = T.sblock_alloc_buffer((PIECES, MB, Kp), "uint16")
+            R = T.sblock_alloc_buffer((Kp,), "float32")
+            H = T.sblock_alloc_buffer((16,), "uint32")
+            load_tile_config()
+            split_rows(X, S, R, H, vt * MB, blocks, M)
+            for mi in range(blocks):
+                for nj in range(Np // BC):
+                    amx_block(Wp, S, C, mi, nj)
+                    store(Y, C, Bias, X0, XR, vt * MB + mi * BR, nj * BC, M)
+        else:
+            for mi in range(blocks):
+                for nj in range(Np // BC):
+                    simd_block(X, Wp, C, vt * MB + mi * BR, nj, M)
+                    store(Y, C, Bias, X0, XR, vt * MB + mi * BR, nj * BC, M)
 
-    return tvm.IRModule({"main": blocked_main if blocked else main})
+    task = blocked_task if blocked else rows_task
+    groups = GROUPS if blocked else 1  # tasks per block of rows
+
+    if cross:  # one of the two is parsed: the other's tail buffers would not exist
+        @T.prim_func(s_tir=True)
+        def cross_main(x_: T.handle, w_: T.handle, b_: T.handle, x0_: T.handle, xr_: T.handle, y_: T.handle):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            M = T.int64()
+            X = T.match_buffer(x_, (M, K), "float32", align=4)
+            Wp = T.match_buffer(w_, (WN,), w_dtype)
+            Bias = T.match_buffer(b_, (N,), "float32", align=4)
+            X0 = T.match_buffer(x0_, (M, N), "float32", align=4)
+            XR = T.match_buffer(xr_, (M, N), "float32", align=4)
+            Y = T.match_buffer(y_, (M, N), "float32", align=4)
+            for t in T.parallel((M + MB - 1) // MB * groups):
+                with T.sblock("task"):
+                    vt = T.axis.spatial((M + MB - 1) // MB * groups, t)
+                    T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N], X0[0:M, 0:N], XR[0:M, 0:N])
+                    T.writes(Y[0:M, 0:N])
+                    task(X, Wp, Bias, X0, XR, Y, M, vt)
+        main = cross_main
+    else:
+        @T.prim_func(s_tir=True)
+        def main(x_: T.handle, w_: T.handle, b_: T.handle, y_: T.handle):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            M = T.int64()
+            X = T.match_buffer(x_, (M, K), "float32", align=4)  # a row view of a larger batch: 4-byte aligned
+            Wp = T.match_buffer(w_, (WN,), w_dtype)
+            Bias = T.match_buffer(b_, (N,), "float32", align=4)
+            Y = T.match_buffer(y_, (M, N), "float32", align=4)
+            for t in T.parallel((M + MB - 1) // MB * groups):
+                with T.sblock("task"):
+                    vt = T.axis.spatial((M + MB - 1) // MB * groups, t)
+                    T.reads(X[0:M, 0:K], Wp[0:WN], Bias[0:N])
+                    T.writes(Y[0:M, 0:N])
+                    task(X, Wp, Bias, None, None, Y, M, vt)
+
+    return tvm.IRModule({"main": main})

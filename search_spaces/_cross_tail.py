@@ -3,9 +3,9 @@
 TorchRec's LowRankCrossNet (MLPerf's DLRMv2) writes `x_l = x_0 * (x_l_w + self.bias[layer]) + x_l` after a
 bias-free `linear`: `add(y, b)` with b a float32 (N,) parameter, `mul(x0, .)` and `add(., x)` with x0 and x
 (M, N) float32 tensors, each step the previous one's only user, in either operand order. A Linear with its own
-bias followed by `x0 * y + x` is the same tail without the add. qmatmul's chain rule (graph.py) asks
-`cross_tail` about a chain's last layer and, where one follows, ends the chain with qmatmul_cross (named, not
-imported: qmatmul_cross builds on qmatmul, never the other way).
+bias followed by `x0 * y + x` is the same tail without the add. The rules that run a Linear ask `cross_tail`
+about it and, where one follows, run the tail in their kernel's epilogue: qmatmul's chain rule (int8, ending the
+chain with qmatmul_cross) and split_linear's (float32, split_linear_cross).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .._graph import attr, sole_user, tensor_value
+from ._graph import attr, register, sole_user, tensor_value
 
-__all__ = ["CrossTail", "cross_tail"]
+__all__ = ["CrossTail", "cross_tail", "tail_bias"]
 
 aten = torch.ops.aten
 
@@ -79,3 +79,12 @@ def cross_tail(gm: Any, values: dict[str, Any], y: Any, shape: tuple[int, int]) 
     if x is None or not _rows(gm, values, x, shape):
         return None
     return CrossTail((*nodes, mul, residual), bias, head)
+
+
+def tail_bias(gm: Any, linear_bias: Any, tail: CrossTail) -> Any:
+    """The bias node of a kernel that runs the Linear and its tail: the Linear's, the tail's, or their sum
+    registered once."""
+    if linear_bias is None or tail.bias is None:
+        return linear_bias if tail.bias is None else tail.bias
+    total = attr(gm, linear_bias.target).detach() + attr(gm, tail.bias.target).detach()
+    return register(gm, "autotune_cross_bias", total.contiguous())
