@@ -84,25 +84,28 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
             yield _cross_match(gm, values, linear, tail, {"m": m, "k": k, "n": n,
                                                           "bias": b is not None or tail.bias is not None})
             continue
-        ref = tensor_value(gm, values, relu or linear)
-        scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
         nodes = (linear,) if relu is None else (linear, relu)
         fields = {"m": m, "k": k, "n": n, "bias": b is not None, "relu": relu is not None}
         yield GraphMatch(
             rule=RULE, nodes=nodes, outputs=(relu or linear,), tasks=((RULE, fields),),
-            replace=_replace(linear, relu), tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
+            replace=_replace(linear, relu), tolerance=_tolerance(gm, values, relu or linear), where=where(nodes),
             what=f"Linear({k}, {n}){' + ReLU' if relu is not None else ''} -> split_linear (float32 from bf16 "
                  "pieces on AMX tiles)")
+
+
+def _tolerance(gm: Any, values: dict[str, Any], out: Any) -> tuple[float, float]:
+    """(rtol, atol) of the check by numbers: atol a few ulps of the output's range on the example."""
+    ref = tensor_value(gm, values, out)
+    scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
+    return RTOL, RANGE_ATOL * scale + 1e-6
 
 
 def _cross_match(gm: Any, values: dict[str, Any], linear: Any, tail: CrossTail, fields: dict[str, Any]) -> GraphMatch:
     """The Linear and the cross tail after it as one split_linear_cross."""
     nodes = (linear, *tail.nodes)
-    ref = tensor_value(gm, values, tail.out)
-    scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
     return GraphMatch(
         rule=RULE, nodes=nodes, outputs=(tail.out,), tasks=((CROSS, fields),), replace=_replace_cross(linear, tail),
-        tolerance=(RTOL, RANGE_ATOL * scale + 1e-6), where=where(nodes),
+        tolerance=_tolerance(gm, values, tail.out), where=where(nodes),
         what=f"Linear({fields['k']}, {fields['n']}) + DCNv2's cross tail -> split_linear_cross (float32 from bf16 "
              "pieces on AMX tiles, the tail in its epilogue)")
 
