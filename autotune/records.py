@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 # 2: records carry `template_version`. Version-1 lines still load, with template_version "" (stale).
 FORMAT_VERSION = 2
@@ -253,7 +253,7 @@ def add_knobs(path: str | os.PathLike[str], op: str, values: dict[str, Any]) -> 
     return _rewrite_records(path, op, completed)
 
 
-def _rewrite_records(path: str | os.PathLike[str], op: str, change: Any) -> int:
+def _rewrite_records(path: str | os.PathLike[str], op: str, change: Callable[[Record], Record | None]) -> int:
     """The log rewritten with `change(record)` (a new record, or None to keep the line) applied to `op`'s records."""
     path = Path(path)
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
