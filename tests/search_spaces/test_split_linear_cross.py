@@ -118,33 +118,45 @@ def test_torch_op_passes_opcheck_and_has_the_cross_layers_gradient(pkg):
 
 # ---- split_linear's rule ------------------------------------------------------------------------------------
 class Cross(nn.Module):
-    """TorchRec's LowRankCrossNet layer: x_l = x0 * (W (V x_l) + b) + x_l, V and W bias-free."""
+    """TorchRec's LowRankCrossNet layer, x_l = x0 * (W (V x_l) + b) + x_l with V and W bias-free (`bias_add`), or
+    written with the bias in W's Linear: x0 * W (V x_l) + x_l."""
 
-    def __init__(self, n=96, rank=32):
+    def __init__(self, bias_add, n=96, rank=32):
         super().__init__()
-        self.v, self.w = nn.Linear(n, rank, bias=False), nn.Linear(rank, n, bias=False)
-        self.bias = nn.Parameter(torch.randn(n) * 0.1)
+        self.v, self.w = nn.Linear(n, rank, bias=False), nn.Linear(rank, n, bias=not bias_add)
+        self.bias = nn.Parameter(torch.randn(n) * 0.1) if bias_add else None
 
     def forward(self, x0):
         x = x0
         for _ in range(2):
-            x = x0 * (self.w(self.v(x)) + self.bias) + x
+            y = self.w(self.v(x))
+            x = x0 * (y + self.bias if self.bias is not None else y) + x
         return x
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the rule is offered on CPUs with AMX-BF16 only")
-def test_the_rule_runs_a_cross_layers_w_product_and_tail_as_one_kernel():
-    """Each W product followed by the tail becomes split_linear_cross (the tail's bias its bias, its mul and add
-    claimed); each V product stays a plain split_linear."""
+@pytest.mark.parametrize("bias_add", [True, False])
+def test_the_rule_runs_a_cross_layers_w_product_and_tail_as_one_kernel(bias_add):
+    """Each W product followed by the tail becomes split_linear_cross (its bias the tail's or the Linear's, the
+    tail's ops claimed); each V product stays a plain split_linear; the rewritten graph computes the model."""
     from autotune.torch.graph import capture, example_values
     from search_spaces.split_linear.graph import find
 
-    args = (torch.randn(2048, 96),)
-    gm = capture(Cross().eval(), args)
+    model, args = Cross(bias_add).eval(), (torch.randn(2048, 96),)
+    gm = capture(model, args)
     matches = list(find(gm, example_values(gm, args), set()))
-    ops = [m.tasks[0][0] for m in matches]
-    assert ops == ["split_linear", "split_linear_cross"] * 2, ops
+    assert [m.tasks[0][0] for m in matches] == ["split_linear", "split_linear_cross"] * 2
     cross = matches[1]
     assert cross.tasks[0][1] == {"m": 2048, "k": 32, "n": 96, "bias": True}
-    assert [n.target for n in cross.nodes[1:]] == [torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor,
-                                                   torch.ops.aten.add.Tensor]
+    tail = [torch.ops.aten.add.Tensor] * bias_add + [torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor]
+    assert [n.target for n in cross.nodes[1:]] == tail
+    for m in matches:  # no kernels loaded: each op runs its PyTorch semantics
+        for old, new in zip(m.outputs, m.replace(gm)):
+            old.replace_all_uses_with(new)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.mul.Tensor not in ops and torch.ops.autotune.split_linear_cross.default in ops
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", at.NoTunedKernelWarning)
+        torch.testing.assert_close(gm(*args), model(*args), rtol=1e-5, atol=1e-5)
