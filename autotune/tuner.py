@@ -224,7 +224,8 @@ class Proposer:
 
 
 ENUMERATE_LIMIT = 200_000  # spaces up to this many knob combinations are scored whole, not annealed
-EXPLORE_POOL = 256  # draws of an unexplored path the model picks its best of (a small path: all of it)
+EXPLORE_POOL = 256  # draws of an unexplored path the model picks its best of (repeats dropped: a path of a few
+#                     dozen configs is drawn nearly whole, a larger one sampled)
 
 
 class _Model:

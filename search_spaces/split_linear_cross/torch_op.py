@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._torch_checks import need, same_device_contiguous
-from ..split_linear.checks import check as check_linear, check_inputs as check_linear_inputs
+from ..split_linear.checks import check_inputs as check_linear_inputs, check_operands
 from ..split_linear.torch_op import cases as _linear_cases
 from ..template import InvalidDtype, Route, TorchBinding
 from .workload import Workload, cross, inputs
@@ -35,9 +35,13 @@ def split_linear_cross(x: Tensor, weight: Tensor, bias: Optional[Tensor], x0: Te
 
 def check(x: Tensor, weight: Tensor, bias: Optional[Tensor], x0: Tensor, residual: Tensor,
           validate: bool = True) -> None:
-    """split_linear's checks of x, the weight and the bias (errors name split_linear's operands); x0 and residual
-    float32 (M, N) on x's device, contiguous."""
-    check_linear(x, weight, bias)
+    """split_linear's checks of x, the weight and the bias; x0 and residual float32 (M, N) on x's device,
+    contiguous."""
+    check_operands(OP, x, weight, bias)
+    _check_tail(x, weight, x0, residual)
+
+
+def _check_tail(x: Tensor, weight: Tensor, x0: Tensor, residual: Tensor) -> None:
     shape = (x.shape[0], weight.shape[0])
     if (x0.dtype is _F32 and residual.dtype is _F32 and x0.shape == shape and residual.shape == shape
             and x0.device == x.device == residual.device and x0.is_contiguous() and residual.is_contiguous()):
@@ -52,12 +56,13 @@ _F32 = torch.float32
 
 
 def check_inputs(w: Workload, *tensors: Any) -> None:
-    """What this workload's kernel needs (split_linear's checks of x, the weight and the bias), then the op's."""
+    """What this workload's kernel needs (split_linear's checks of x, the weight and the bias), then x0's and
+    residual's."""
     if len(tensors) < 4 or not all(isinstance(t, torch.Tensor) for t in tensors[-2:]):
         raise InvalidDtype(f"{OP}: expected split_linear's tensors, then x0 and residual (tensors)")
     *operands, x0, residual = tensors
-    check_linear_inputs(w, *operands)
-    check(*operands[:2], operands[2] if w.bias else None, x0, residual)
+    check_linear_inputs(w, *operands, op=OP)
+    _check_tail(operands[0], operands[1], x0, residual)
 
 
 def fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], x0: Tensor, residual: Tensor,

@@ -93,10 +93,12 @@ def test_torch_op_refuses_bad_tensors(pkg):
         SLC(x, weight, bias, x0.double(), residual)
     with pytest.raises(InvalidInput, match=r"autotune.split_linear_cross: residual must be \(40, 24\)"):
         SLC(x, weight, bias, x0, residual[:3])
-    with pytest.raises(InvalidInput, match="x has 44 features but weight takes 45"):
+    with pytest.raises(InvalidInput, match="autotune.split_linear_cross: x has 44 features but weight takes 45"):
         SLC(x[:, :44].contiguous(), weight, bias, x0, residual)
     with pytest.raises(InvalidInput, match="contiguous"):
         SLC(x, weight, bias, x0.t().contiguous().t(), residual)
+    with pytest.raises(InvalidInput, match="split_linear_cross: this kernel takes bias"):
+        slc.check_inputs(W, x, weight, x0, residual)
     assert sum(k.calls for k in pkg.kernels) == 0
 
 
