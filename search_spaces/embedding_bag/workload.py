@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .._timed_inputs import timed_set_count
 from ..template import IndexOutOfRange, InvalidDtype, InvalidInput, Traffic, Workload as _Workload, WorkloadError
 from .fbgemm import tbe
 from . import pages
@@ -203,17 +204,6 @@ def _bags(w: Workload, seed: int, rng: np.random.Generator) -> tuple[Any, ...]:
 
 
 # ---- calls that gather new rows -----------------------------------------------------------------------------
-CACHE_MULTIPLE = 4  # the timed calls of one cycle gather this many times the measuring CPU's largest cache
-MAX_TIMED_SETS = 64
-
-
-def timed_set_count(gathered_bytes: float, cache_bytes: int) -> int:
-    """How many input sets a timing cycles through so that a set's rows are evicted before it comes round again."""
-    if gathered_bytes <= 0 or cache_bytes <= 0:
-        return 1
-    return int(min(MAX_TIMED_SETS, max(1, -(-CACHE_MULTIPLE * cache_bytes // gathered_bytes))))
-
-
 def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: int) -> tuple[tuple[Any, ...], ...]:
     """The input sets timed calls cycle through: `tensors`, then batches of new bags on the same table.
 

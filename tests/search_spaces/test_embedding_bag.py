@@ -25,6 +25,7 @@ from cuda_emulator import cuda_source, emulate_cuda, launch_dims
 from gpu_build import ARCHS, assert_built_within_limits, build_sample
 from search_spaces import WorkloadError
 from search_spaces import embedding_bag as eb
+from search_spaces import _timed_inputs as timed
 from search_spaces.embedding_bag import workload as eb_workload
 from search_spaces.embedding_bag import cpu as eb_cpu, cuda as eb_cuda
 from search_spaces.template import IndexOutOfRange, InvalidInput
@@ -221,8 +222,8 @@ def test_timed_sets_gather_new_rows_of_the_same_hot_set_until_they_outgrow_the_c
     inputs = eb.inputs(w, seed=0)
     per_set = eb.traffic(w, *inputs).bytes  # 512 * 20 * 16 * 4 = 655 kB gathered a call
     sets = eb.timed_inputs(w, 0, inputs, cache_bytes=1 << 20)
-    assert len(sets) == math.ceil(eb_workload.CACHE_MULTIPLE * (1 << 20) / per_set) and len(sets) * per_set >= 4 << 20
-    assert len(eb.timed_inputs(w, 0, inputs, cache_bytes=1 << 40)) == eb_workload.MAX_TIMED_SETS
+    assert len(sets) == math.ceil(timed.CACHE_MULTIPLE * (1 << 20) / per_set) and len(sets) * per_set >= 4 << 20
+    assert len(eb.timed_inputs(w, 0, inputs, cache_bytes=1 << 40)) == timed.MAX_TIMED_SETS
     assert not torch.equal(sets[0][1], sets[1][1])
     hot = [set(torch.bincount(s[1], minlength=10_000).argsort(descending=True)[:20].tolist()) for s in sets[:2]]
     assert len(hot[0] & hot[1]) >= 15  # a model's batches share their hot rows: the scatter is the seed's
