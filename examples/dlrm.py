@@ -361,6 +361,17 @@ def add_run_options(p: argparse.ArgumentParser, log_dir: str) -> None:
                         "error column: no decision saw them)")
     p.add_argument("--fresh", type=int, default=8, help="batches in the fresh cycle (tune_model's timing_batches)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument("--system-allocator", action="store_true",
+                   help="leave malloc as the process has it (default: freed memory kept for every contender alike, "
+                        "autotune.allocator)")
+
+
+def allocator(args: argparse.Namespace) -> str:
+    """Keep freed memory in the process (autotune.allocator: every contender's activations reuse pages already
+    touched), unless --system-allocator; what was done, for the run's header. Before any model is built."""
+    from autotune.allocator import keep_freed_memory
+
+    return "as the process has it (--system-allocator)" if args.system_allocator else keep_freed_memory()
 
 
 def check_run_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -431,11 +442,12 @@ def write_summary(body: str, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
+    malloc = allocator(args)
     torch.manual_seed(0)
     rows = tuple(min(r, args.max_rows) for r in CRITEO_KAGGLE_ROWS)
     model = DLRM(rows).eval()
     print(f"DLRM: {len(rows)} tables ({sum(rows):,} rows x {DIM}, {sum(rows) * DIM * 4 / 2**20:.0f} MiB), "
-          f"batch {args.batch}, pooling {args.pooling}, threads: PyTorch {torch.get_num_threads()}")
+          f"batch {args.batch}, pooling {args.pooling}, threads: PyTorch {torch.get_num_threads()}, malloc: {malloc}")
     tables, measured, ok = [], {}, True
     for pooling in args.pooling:
         text, rows, skipped, kept = run_pooling(model, pooling, args)

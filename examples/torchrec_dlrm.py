@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dlrm import (PT2E, TORCHAO, Contender, Row, _built, add_run_options, check_run_options,  # noqa: E402
+from dlrm import (PT2E, TORCHAO, Contender, Row, _built, add_run_options, allocator, check_run_options,  # noqa: E402
                   measure, ours, write_summary)  # (this folder's DLRM example)
 
 # MLPerf DLRMv2's 26 categorical features (Criteo 1TB, as its reference trains them): rows per table, and ids
@@ -243,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError as err:
         sys.exit(f"torchrec is not installed ({err}): `make tune EXAMPLE=torchrec` installs it, or pip install "
                  "--no-deps the pins of pyproject's `torchrec` extra")
+    print(f"malloc: {allocator(args)}")
     t0 = time.perf_counter()
     tables, ok = [], True
     for kind in args.model:

@@ -76,6 +76,16 @@ def test_the_command_line(dlrm):
         dlrm.parse(["--pooling", "0"])
 
 
+def test_the_allocator_is_left_as_the_process_has_it_when_asked(dlrm, monkeypatch):
+    """--system-allocator keeps malloc's defaults; without it every contender's memory is kept alike
+    (autotune.allocator, pinned by tests/test_allocator.py)."""
+    import autotune.allocator
+
+    monkeypatch.setattr(autotune.allocator, "keep_freed_memory", lambda: "kept")
+    assert not dlrm.parse([]).system_allocator and dlrm.allocator(dlrm.parse([])) == "kept"
+    assert dlrm.allocator(dlrm.parse(["--system-allocator"])) == "as the process has it (--system-allocator)"
+
+
 def test_the_summary_puts_the_poolings_side_by_side_with_notes_and_errors(dlrm):
     row = lambda name, ms, err, note="": dlrm.Row(name, ms / 1e3, ms / 1e3, err, 0.0, note)  # noqa: E731
     one = [row("eager", 16.0, 0.0), row("ours int8", 4.0, 1.2e-3)]
