@@ -15,7 +15,6 @@ own choice). Measured in benchmarks/WHOLE_MODEL.md (twenty-second session). Impo
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = ["keep_freed_memory"]
@@ -34,7 +33,7 @@ def keep_freed_memory() -> str:
     if other is not None:
         return f"{other} (LD_PRELOAD): left as it is"
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own C library (no search for its file)
         version = libc.gnu_get_libc_version
     except (OSError, AttributeError):
         return "not glibc: malloc left as it is"

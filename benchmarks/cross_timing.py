@@ -50,7 +50,7 @@ def states(kernel: Callable[..., Any], tensors: Sequence[Any], sets: Sequence[Se
     """Seconds per call of `kernel` in each cache state (one timing each: a median over its calls)."""
     import torch
 
-    *operands, x0, _ = tensors
+    operands = tensors[:-2]
     sources = [s[-2] for s in sets[:BATCHES]]
 
     def repeated() -> float:
@@ -96,11 +96,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     from autotune.runtime import cpu_cache_bytes, input_sets
     from autotune.task import make_task
 
-    task = make_task("qmatmul_cross", "cpu", shape=args.shape)
-    configs = (best_configs(task, args.log, args.top) if args.log else []) + [
-        task.space.from_json(json.loads(c)) for c in args.config]
-    if not configs:
+    if args.top < 1 or args.rounds < 1:
+        p.error("--top and --rounds take values >= 1")
+    if not args.log and not args.config:
         p.error("give --log or --config")
+    task = make_task("qmatmul_cross", "cpu", shape=args.shape)
+    try:
+        given = [json.loads(c) for c in args.config]
+        if not all(isinstance(c, dict) for c in given):
+            p.error(f"--config takes a JSON object of knob values, got {args.config}")
+        configs = [task.space.from_json(c) for c in given]
+        logged = best_configs(task, args.log, args.top) if args.log else []
+    except (ValueError, FileNotFoundError) as err:  # bad JSON, a config not of the space (InvalidConfig), no log
+        p.error(str(err))
+    if args.log and not logged:
+        p.error(f"{args.log} holds no correct record of qmatmul_cross {task.workload.key()} at the current "
+                "template version")
+    configs = logged + configs
     tpl, w = task.template, task.workload
     tensors = tpl.inputs(w, 0)
     sets = input_sets(tpl, w, 0, tensors, "cpu")

@@ -42,3 +42,24 @@ def test_a_small_run_prints_each_config_in_the_three_states(capsys):
 def test_nothing_to_time_is_refused():
     with pytest.raises(SystemExit):
         cross_timing.main(["--shape", "m=13,k=40,n=24"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--config", "{not json"], "Expecting property name"),
+    (["--config", '{"m_block": 128}'], "config knobs do not match the space"),
+    (["--config", "3"], "--config takes a JSON object of knob values, got ['3']"),
+    (["--log", "/nonexistent/cross.jsonl"], "log not found: /nonexistent/cross.jsonl"),
+    (["--config", "{}", "--top", "0"], "--top and --rounds take values >= 1"),
+])
+def test_bad_arguments_are_refused_saying_why(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        cross_timing.main(["--shape", "m=13,k=40,n=24", *argv])
+    assert says in capsys.readouterr().err
+
+
+def test_a_log_without_the_task_is_refused(tmp_path, capsys):
+    log = tmp_path / "empty.jsonl"
+    log.write_text("")
+    with pytest.raises(SystemExit):
+        cross_timing.main(["--shape", "m=13,k=40,n=24", "--log", str(log)])
+    assert "holds no correct record of qmatmul_cross" in capsys.readouterr().err
