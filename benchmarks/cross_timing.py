@@ -1,17 +1,17 @@
 """Which cache state a cross layer's kernel is timed in, and whether the tuner's ranking of its configs holds in
 the model's.
 
-DLRMv2's cross network runs `x_{l+1} = qmatmul_cross(a_l, x0, x_l)` three times per batch: each layer reads x0
-(written once per batch) and the x_l the previous layer just wrote (28 MB each at batch 2048), and its output is
-the next layer's x_l. For the best configs of a log, this times the kernel in three states, interleaved in
+DLRMv2's cross network runs `x_{l+1} = qmatmul_cross(a_l, x0, x_l)` (int8; `split_linear_cross` in float32) three
+times per batch: each layer reads x0 (written once per batch) and the x_l the previous layer just wrote (28 MB each
+at batch 2048), and its output is the next layer's x_l. For the best configs of a log, this times the kernel in three states, interleaved in
 rounds (medians):
   repeated  one call's inputs again and again (what the tuner timed before the cross templates had
             `timed_inputs`): x0 and x stay in cache as far as it holds them
   fresh     a cycle of new x0 and x (the template's `timed_inputs`, what the tuner times now)
   chained   per batch a new x0, then three calls, each one's output the next one's x (the model's state)
 and prints each config's ms and rank in each state. Usage:
-    python -m benchmarks.cross_timing --log logs/local/dcn/qmatmul_cross.jsonl [--shape m=2048,k=512,n=3456]
-        [--top 6] [--config '{"m_block": 128, ...}'] [--rounds 5]
+    python -m benchmarks.cross_timing --log logs/local/dcn/qmatmul_cross.jsonl [--op split_linear_cross]
+        [--shape m=2048,k=512,n=3456] [--top 6] [--config '{"m_block": 128, ...}'] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from benchmarks.lib.timing import interleaved
 
+OPS = ("qmatmul_cross", "split_linear_cross")  # operands (..., x0, x_l): the last two are the layer's state
 DEFAULT_SHAPE = "m=2048,k=512,n=3456"  # DLRMv2's cross layer: the W product (rank 512) and the tail, 3456 wide
 BATCHES = 4  # chained: batches per timing, each three calls
 LAYERS = 3
@@ -86,6 +87,7 @@ def _median_call(call: Callable[[], Any], n: int) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log", help="a tuning log of the task: its --top fastest configs are timed")
+    p.add_argument("--op", choices=OPS, default=OPS[0], help="the cross layer's operator (default: %(default)s)")
     p.add_argument("--shape", default=DEFAULT_SHAPE)
     p.add_argument("--top", type=int, default=6)
     p.add_argument("--config", action="append", default=[], help="a config as JSON (repeatable), besides the log's")
@@ -100,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.error("--top and --rounds take values >= 1")
     if not args.log and not args.config:
         p.error("give --log or --config")
-    task = make_task("qmatmul_cross", "cpu", shape=args.shape)
+    task = make_task(args.op, "cpu", shape=args.shape)
     try:
         given = [json.loads(c) for c in args.config]
         if not all(isinstance(c, dict) for c in given):
@@ -110,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as err:  # bad JSON, a config not of the space (InvalidConfig), no log
         p.error(str(err))
     if args.log and not logged:
-        p.error(f"{args.log} holds no correct record of qmatmul_cross {task.workload.key()} at the current "
+        p.error(f"{args.log} holds no correct record of {args.op} {task.workload.key()} at the current "
                 "template version")
     configs = logged + configs
     tpl, w = task.template, task.workload
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     timings = {f"{cfg} :: {state}": fn for cfg in configs
                for state, fn in states(Kernel(task, cfg, validate=False), tensors, sets).items()}
     times = {name: statistics.median(v) for name, v in interleaved(timings, args.rounds, lambda f: f()).items()}
-    print(f"qmatmul_cross {w.key()}: {len(sets)} fresh sets (a {cpu_cache_bytes() >> 20} MB cache), "
+    print(f"{args.op} {w.key()}: {len(sets)} fresh sets (a {cpu_cache_bytes() >> 20} MB cache), "
           f"median of {args.rounds} interleaved rounds, ms per call (rank)")
     print("| config | repeated | fresh | chained |\n|---|---|---|---|")
     rank = {state: sorted(configs, key=lambda c: times[f"{c} :: {state}"]) for state in STATES}

@@ -124,6 +124,13 @@ class Choice(Knob):
             raise ValueError(f"choice {self.name}: none of {sorted(map(str, allowed))} is an option")
         return replace(self, options=kept)
 
+    def leading(self, option: Any) -> "Choice":
+        """This choice with `option` first, the rest in declaration order: a workload's untuned default (the
+        first valid config is the space's default, measured first by a tuning run)."""
+        if option not in self.options:
+            raise ValueError(f"choice {self.name}: {option!r} is not an option ({self.describe()})")
+        return replace(self, options=(option,) + tuple(o for o in self.options if o != option))
+
     @property
     def values(self) -> tuple[Any, ...]:
         return self.options

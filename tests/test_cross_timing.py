@@ -31,12 +31,13 @@ def test_chained_calls_take_the_previous_output_as_x_and_the_batch_x0_throughout
         assert [float(c[1][0, 0]) for c in batch] == [b, b + 1, b + 2]
 
 
-def test_a_small_run_prints_each_config_in_the_three_states(capsys):
+@pytest.mark.parametrize("op", cross_timing.OPS)
+def test_a_small_run_prints_each_config_in_the_three_states(op, capsys):
     shape = "m=13,k=40,n=24"
-    cfg = make_task("qmatmul_cross", "cpu", shape=shape).space.default()
-    cross_timing.main(["--shape", shape, "--config", json.dumps(cfg.to_json()), "--rounds", "1"])
+    cfg = make_task(op, "cpu", shape=shape).space.default()
+    cross_timing.main(["--op", op, "--shape", shape, "--config", json.dumps(cfg.to_json()), "--rounds", "1"])
     out = capsys.readouterr().out
-    assert "| config | repeated | fresh | chained |" in out and f"| {cfg} | " in out
+    assert out.startswith(f"{op} ") and "| config | repeated | fresh | chained |" in out and f"| {cfg} | " in out
 
 
 def test_nothing_to_time_is_refused():

@@ -9,7 +9,8 @@ from ..space import Choice, Config, Constraint, InvalidConfig, Space
 from .kernel import TILE, compute, k_block, padded
 from .workload import PIECES, Workload
 
-__all__ = ["COLS_PER_TASK", "INTRINSIC", "K_BLOCK", "M_TILES", "N_TILES", "ROWS_PER_TASK", "lower", "pack", "space"]
+__all__ = ["COLS_PER_TASK", "INTRINSIC", "K_BLOCK", "M_TILES", "N_TILES", "ROWS_PER_TASK", "default_k_block", "default_rows",
+           "lower", "pack", "space"]
 
 AMX_CPU_FEATURES = ("amx-tile", "amx-bf16")  # LLVM names
 INTRINSIC = Choice("intrinsic", ("amx", "simd"), doc=(
@@ -37,8 +38,29 @@ K_BLOCK = Choice("k_block", (0, 256, 512, 1024, 2048), doc=(
     "tile rows give a block of at least half this."))
 
 
+DEFAULT_TASKS = 8  # the untuned default's rows per task leave the batch at least this many tasks where it can
+
+
+def default_rows(w: Workload) -> int:
+    """The untuned rows per task: the most that still split the batch into DEFAULT_TASKS tasks (more rows, fewer
+    passes of the weight: DLRMv2's 2048-row layers ran 10-25% faster at 256 than at 64), else the fewest."""
+    fit = [r for r in ROWS_PER_TASK.options if -(-w.m // r) >= DEFAULT_TASKS]
+    return max(fit) if fit else min(ROWS_PER_TASK.options)
+
+
+def default_k_block(w: Workload) -> int:
+    """The untuned k block: the largest offered within half of K (0, the whole K, where none is): blocked,
+    a task's epilogue streams whole rows of the output (and of a cross layer's x0 and x_l) instead of register
+    blocks' 64-byte runs, and a k block of its rows' pieces stays in L2 (DLRMv2's 3456-wide layers at 1024 ran
+    25% faster than unblocked)."""
+    kp = padded(w, 1)[0]
+    fit = [b for b in K_BLOCK.options if b and 2 * b <= kp and 2 * k_block(kp, b) > b]
+    return max(fit) if fit else 0
+
+
 def space(w: Workload, target: Any) -> Space:
-    """'amx' where the CPU has AMX-BF16, else 'simd'; register blocks that fit AMX's 8 tile registers."""
+    """'amx' where the CPU has AMX-BF16, else 'simd'; register blocks that fit AMX's 8 tile registers. The default
+    (the first valid config) is 'amx' with `default_rows` and `default_k_block`."""
     if target.kind.name != "llvm":
         raise InvalidConfig(f"split_linear has no CPU schedule for target kind {target.kind.name!r}")
     intrins = ["amx"] if intrinsics.cpu_has(target, *AMX_CPU_FEATURES) else []
@@ -52,7 +74,8 @@ def space(w: Workload, target: Any) -> Space:
         k_ok = c[K_BLOCK] == 0 or (c[K_BLOCK] < kp and 2 * k_block(kp, c[K_BLOCK]) > c[K_BLOCK])  # not degenerate
         return c[COLS_PER_TASK] < np_ and k_ok and c[COLS_PER_TASK] % (TILE * c[N_TILES]) == 0
 
-    return Space([INTRINSIC.only(intrins), M_TILES, N_TILES, ROWS_PER_TASK, COLS_PER_TASK, K_BLOCK],
+    return Space([INTRINSIC.only(intrins), M_TILES, N_TILES, ROWS_PER_TASK.leading(default_rows(w)), COLS_PER_TASK,
+                  K_BLOCK.leading(default_k_block(w))],
                  [Constraint("an AMX block fits the 8 tile registers",
                              lambda c: c[INTRINSIC] != "amx" or intrinsics.amx_fits(c[M_TILES], c[N_TILES])),
                   Constraint("a task is whole register blocks",

@@ -111,6 +111,13 @@ def test_choice_only_restricts_in_declaration_order():
         VEC.only([3])
 
 
+def test_choice_leading_puts_one_option_first_and_keeps_the_rest_in_order():
+    assert VEC.leading(VEC.options[-1]).options == (VEC.options[-1],) + VEC.options[:-1]
+    assert VEC.leading(VEC.options[0]) == VEC
+    with pytest.raises(ValueError, match="not an option"):
+        VEC.leading(3)
+
+
 def test_duplicate_knob_names_are_rejected():
     with pytest.raises(ValueError, match="duplicate"):
         Space([VEC, Choice("vec", (1, 2))])

@@ -35,6 +35,21 @@ def test_three_bf16_pieces_sum_to_the_float32_exactly():
     assert bool((mid.double().abs() <= hi.double().abs() * 2.0 ** -8).all())  # each piece 8 bits below
 
 
+@pytest.mark.parametrize("shape, rows, k_block", [
+    ("m=2048,k=3456,n=1024", 256, 1024),  # DLRMv2's first top layer: 8 tasks of 256 rows, k in blocks of 1024
+    ("m=2048,k=512,n=3456", 256, 256),  # its cross layers' W product: two k blocks
+    ("m=512,k=1024,n=64", 64, 512),
+    ("m=64,k=256,n=128", 32, 0),  # a small batch: the fewest rows per task; K too short to block
+    ("m=2048,k=13,n=512", 256, 0),
+])
+def test_the_default_keeps_tasks_for_the_cores_and_blocks_long_reductions(shape, rows, k_block):
+    w = sl.Workload(**{k: int(v) for k, v in (f.split("=") for f in shape.split(","))})
+    assert (cpu.default_rows(w), cpu.default_k_block(w)) == (rows, k_block)
+    default = make_task("split_linear", "cpu", shape=shape).space.default().as_dict()
+    assert default["rows_per_task"] == rows
+    assert default["k_block"] == (k_block if default["intrinsic"] == "amx" else 0)  # 'simd' has no k blocks
+
+
 def test_workload_refuses_bad_fields():
     for bad in ("m=0,k=4,n=4", "m=4,k=-1,n=4", "m=4,k=4,n=4,relu=2"):
         with pytest.raises(WorkloadError):
@@ -48,7 +63,8 @@ def test_each_path_is_as_accurate_as_a_float32_gemm(path):
     would be ~1000 times larger, on the tile-ragged test shape and a layer's."""
     for shape in (sl.TEST_SHAPE, "m=300,k=512,n=96,relu=0"):
         task = make_task("split_linear", "cpu", shape=shape)
-        cfg = task.space.from_json({**task.space.default().to_json(), "intrinsic": path})
+        unblocked = {"k_block": 0, "cols_per_task": 0} if path == "simd" else {}  # 'simd' has no blocks
+        cfg = task.space.from_json({**task.space.default().to_json(), "intrinsic": path, **unblocked})
         kernel = BoundKernel(task.template, task.workload, cfg, load_compiled(task, cfg), False)
         inputs = task.template.inputs(task.workload, 3)
         exact = sl.reference(task.workload, *(t.double() for t in inputs))
