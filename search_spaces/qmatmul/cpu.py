@@ -41,6 +41,11 @@ M_BLOCK = Choice("m_block", (64, 16, 32, 128, 256), doc=(
 N_BLOCK = Choice("n_block", (64, 32, 128, 256), doc=(
     "Columns per parallel task (rounded down to whole register tiles): the task's packed weights stay in "
     "L2 while it sweeps its rows."))
+BLOCK_ORDER = Choice("block_order", ("rows", "columns"), doc=(
+    "The order of a task's register tiles: 'rows', each tile row sweeps the task's weight columns, which then "
+    "stream past every m_tile rows (from L3 once they outgrow L2: 3.5 MB for DLRMv2's 3456 -> 1024); "
+    "'columns', each tile column sweeps the task's rows, so its weight columns (K x the tile's columns) are read "
+    "once per task and stay in L2 with the task's rows (m_block x K). AMX tasks in k blocks run their own order."))
 UNROLL = Choice("unroll", (True, False), doc="Unroll the register tile so accumulators stay in registers.")
 THREADING = Choice("threading", ("parallel", "serial"), doc="Spread (m_block x n_block) tasks over cores.")
 
@@ -80,11 +85,13 @@ def space(w: Workload, target: Any, whole_rows: bool = False) -> Space:
 
     layouts = LAYOUT.options if w.mode != "weight_only" else ("n16k1", "n8k1")
     blocks = [M_BLOCK] if whole_rows else [M_BLOCK, N_BLOCK]
-    return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, *blocks, UNROLL,
-                  THREADING],
+    return Space([INTRINSIC.only(intrins), LAYOUT.only(layouts), M_TILE, N_VECTORS, K_BLOCK, *blocks, BLOCK_ORDER,
+                  UNROLL, THREADING],
                  [Constraint("the intrinsic fixes the layout", layout_ok),
                   Constraint("an AMX block fits the 8 tile registers and spans k (k blocks from K 2048)", amx_ok),
                   Constraint("k_block below K only", lambda c: c[K_BLOCK] < round_up(w.k, 4)),
+                  Constraint("AMX tasks in k blocks run their own order ('rows')",
+                             lambda c: not (c[INTRINSIC] == "amx" and c[K_BLOCK]) or c[BLOCK_ORDER] == "rows"),
                   Constraint("weight-only has no int8 intrinsic",
                              lambda c: w.mode != "weight_only" or c[INTRINSIC] == "none")],
                  paths=[INTRINSIC.name])  # each intrinsic is its own inner kernel: sampled evenly, whatever its share
@@ -177,7 +184,11 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
         sch.parallel(outer)
     iio, iii = sch.split(ii, [None, mt])
     jio, jii = sch.split(ji, [None, nb * nv])
-    sch.reorder(iio, jio, iii, jii)
+    if cfg[BLOCK_ORDER] == "columns":
+        sch.reorder(jio, iio, iii, jii)
+        jio = iio  # the inner of the two tile loops: each register tile's C is computed there
+    else:
+        sch.reorder(iio, jio, iii, jii)
     if cfg[INTRINSIC] == "amx" and cfg[K_BLOCK]:
         _amx_k_blocks(sch, c, outer, w, cfg, (mb, nblk))
         sch.vectorize(jii)

@@ -72,6 +72,34 @@ def test_int32_accumulation_is_exact_for_every_available_intrinsic(intrinsic):
         assert torch.equal(out.to(torch.int64), exact.to(torch.int64)), str(cfg)
 
 
+@pytest.mark.parametrize("op, shape", [("qmatmul", "m=70,k=70,n=80,mode=uint8"),
+                                       ("qmatmul_requant", "m=70,k=70,n=80,out_qmax=127")])
+@pytest.mark.parametrize("intrinsic", ["none", "vnni", "amx"])
+def test_columns_order_computes_what_rows_order_computes(op, shape, intrinsic):
+    """block_order only reorders a task's register tiles: each output is the same sum, bit for bit (a task of
+    several tile rows and columns, tiles ragged at M and N)."""
+    if not CPU_FLAGS_OF[intrinsic] <= cpu_flags():
+        pytest.skip(f"this CPU has no {intrinsic} path")
+    task = make_task(op, "cpu", shape=shape)
+    tensors = task.template.inputs(task.workload, 3)
+    base = {"intrinsic": intrinsic, "layout": "n16k4" if intrinsic != "none" else "n16k1", "m_tile": 2,
+            "n_vectors": 1, "k_block": 0, "m_block": 64, "unroll": True, "threading": "parallel"}
+    if op == "qmatmul":
+        base["n_block"] = 64
+    rows, cols = (task.space.from_json({**base, "block_order": order}) for order in ("rows", "columns"))
+    out_rows, out_cols = run(task, rows, tensors), run(task, cols, tensors)
+    for r, c in zip(*(o if isinstance(o, tuple) else (o,) for o in (out_rows, out_cols))):
+        assert torch.equal(r, c)
+
+
+def test_amx_k_blocks_keep_their_own_order():
+    task = make_task("qmatmul", "cpu", shape="m=64,k=2048,n=64")
+    if "amx" not in {c.as_dict()["intrinsic"] for c in task.space}:
+        pytest.skip("this CPU has no AMX path")
+    assert {c.as_dict()["block_order"] for c in task.space if c.as_dict()["intrinsic"] == "amx"
+            and c.as_dict()["k_block"]} == {"rows"}
+
+
 def test_7bit_activations_get_the_u8_avx2_path_and_it_is_exact_at_the_range_ends():
     full = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0")
     task = make_task("qmatmul", "cpu", shape="m=10,k=70,n=40,bias=0,a_bits=7")
