@@ -3,8 +3,8 @@ the model's.
 
 DLRMv2's cross network runs `x_{l+1} = qmatmul_cross(a_l, x0, x_l)` (int8; `split_linear_cross` in float32) three
 times per batch: each layer reads x0 (written once per batch) and the x_l the previous layer just wrote (28 MB each
-at batch 2048), and its output is the next layer's x_l. For the best configs of a log, this times the kernel in three states, interleaved in
-rounds (medians):
+at batch 2048), and its output is the next layer's x_l. For the best configs of a log, this times the kernel in
+three states, interleaved in rounds (medians):
   repeated  one call's inputs again and again (what the tuner timed before the cross templates had
             `timed_inputs`): x0 and x stay in cache as far as it holds them
   fresh     a cycle of new x0 and x (the template's `timed_inputs`, what the tuner times now)

@@ -9,8 +9,8 @@ from ..space import Choice, Config, Constraint, InvalidConfig, Space
 from .kernel import TILE, compute, k_block, padded
 from .workload import PIECES, Workload
 
-__all__ = ["COLS_PER_TASK", "INTRINSIC", "K_BLOCK", "M_TILES", "N_TILES", "ROWS_PER_TASK", "default_k_block", "default_rows",
-           "lower", "pack", "space"]
+__all__ = ["COLS_PER_TASK", "INTRINSIC", "K_BLOCK", "M_TILES", "N_TILES", "ROWS_PER_TASK", "default_k_block",
+           "default_rows", "lower", "pack", "space"]
 
 AMX_CPU_FEATURES = ("amx-tile", "amx-bf16")  # LLVM names
 INTRINSIC = Choice("intrinsic", ("amx", "simd"), doc=(
@@ -43,16 +43,15 @@ DEFAULT_TASKS = 8  # the untuned default's rows per task leave the batch at leas
 
 def default_rows(w: Workload) -> int:
     """The untuned rows per task: the most that still split the batch into DEFAULT_TASKS tasks (more rows, fewer
-    passes of the weight: DLRMv2's 2048-row layers ran 10-25% faster at 256 than at 64), else the fewest."""
+    passes of the weight over them; benchmarks/WHOLE_MODEL.md, twenty-third session), else the fewest."""
     fit = [r for r in ROWS_PER_TASK.options if -(-w.m // r) >= DEFAULT_TASKS]
     return max(fit) if fit else min(ROWS_PER_TASK.options)
 
 
 def default_k_block(w: Workload) -> int:
-    """The untuned k block: the largest offered within half of K (0, the whole K, where none is): blocked,
-    a task's epilogue streams whole rows of the output (and of a cross layer's x0 and x_l) instead of register
-    blocks' 64-byte runs, and a k block of its rows' pieces stays in L2 (DLRMv2's 3456-wide layers at 1024 ran
-    25% faster than unblocked)."""
+    """The untuned k block: the largest offered within half of K (0, the whole K, where none is): blocked, a
+    task's epilogue streams whole rows of the output (and of a cross layer's x0 and x_l) instead of register
+    blocks' 64-byte runs, and a k block of its rows' pieces stays in L2 (benchmarks/WHOLE_MODEL.md)."""
     kp = padded(w, 1)[0]
     fit = [b for b in K_BLOCK.options if b and 2 * b <= kp and 2 * k_block(kp, b) > b]
     return max(fit) if fit else 0
