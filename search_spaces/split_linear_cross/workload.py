@@ -45,13 +45,13 @@ def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
     return (*_split.inputs(w, seed), torch.randn(w.m, w.n, generator=g), torch.randn(w.m, w.n, generator=g))
 
 
-
 def timed_inputs(w: Workload, seed: int, tensors: tuple[Any, ...], cache_bytes: int) -> tuple[tuple[Any, ...], ...]:
     """The input sets timed calls cycle through: new x0 and x for each (the other operands shared). A model's
     cross layer reads the activations earlier kernels wrote, from memory where they outgrow the cache (DLRMv2's:
     28 MB each); timed on one pair kept in cache, the configs whose epilogues stream them badly rank first."""
     return fresh_activations(tensors, (len(tensors) - 2, len(tensors) - 1), traffic(w, *tensors).bytes,
                              cache_bytes, seed)
+
 
 def reference(w: Workload, *tensors: Any) -> Any:
     *operands, x0, residual = tensors
