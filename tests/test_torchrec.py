@@ -196,8 +196,7 @@ def shared_workers(cpu_builder, local_runner):
 @pytest.mark.parametrize("kind, quantize", [("dlrm", False), ("dcn", True)])
 def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, quantize, tmp_path, shared_workers):
     """DLRM in fp32-exact (the fused gather + interaction); DLRM_DCN in int8, each cross layer's V -> W chain
-    ending in qmatmul_cross or, where its output is the next int8 layer's input, qmatmul_cross_requant (its
-    tail the kernel's epilogue)."""
+    ending in qmatmul_cross (its tail the kernel's epilogue)."""
     import autotune.torch as at
 
     import search_spaces
@@ -214,8 +213,7 @@ def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, quantize, 
     assert any(r.startswith(want) for r in rules), str(report)
     if quantize:
         ops = {n.target for n in opt.graph.nodes if n.op == "call_function"}
-        cross = {torch.ops.autotune.qmatmul_cross.default, torch.ops.autotune.qmatmul_cross_requant.default}
-        assert cross & ops and aten.mul.Tensor not in ops, str(report)
+        assert torch.ops.autotune.qmatmul_cross.default in ops and aten.mul.Tensor not in ops, str(report)
     # the batched launch's per-table views are not copied back together (KeyedTensor's cat of them)
     assert not any(n.target is aten.cat.default and any(getattr(a, "target", None) is aten.select.int
                                                         for a in n.args[0]) for n in opt.graph.nodes)

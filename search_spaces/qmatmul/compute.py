@@ -69,34 +69,19 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     Y = te.compute((mp, np_), final, name="Y")
     if not out_qmax:
         return tvm.IRModule({"main": te.create_prim_func(args + [Y])})
-    return tvm.IRModule({"main": te.create_prim_func(args + list(quantized_rows(Y, out_qmax, fma_quotient)))})
-
-
-def quantized_rows(Y: Any, out_qmax: int, fma_quotient: bool = False, smooth: Any = None) -> tuple[Any, Any]:
-    """(Q, S): the rows of the (mp, np_) float32 tensor Y quantized as quantize_rows does (`amax` over the padded
-    row, `S` = max(amax, eps) / out_qmax, `Q` = Y / S rounded half to even and clamped; out_qmax 255: uint8 rows
-    of Y >= 0), the blocks qmatmul's CPU schedule moves into each task of whole rows (`cpu._quantize_rows`).
-    `smooth` (an (np_,) placeholder): the rows of Y * smooth, a factor per column (a smoothed layer's input)."""
-    import tvm
-    from tvm import te
-
-    mp, np_ = (int(d) for d in Y.shape)
-    value: Callable[[Any, Any], Any] = (lambda i, j: Y[i, j]) if smooth is None else (
-        lambda i, j: Y[i, j] * smooth[j])
     n = te.reduce_axis((0, np_), name="n")
-    amax = te.compute((mp,), lambda i: te.max(te.abs(value(i, n)), axis=n), name="amax")
+    amax = te.compute((mp,), lambda i: te.max(te.abs(Y[i, n]), axis=n), name="amax")
     qmax = tvm.tirx.const(float(out_qmax), "float32")
     S = te.compute((mp,), lambda i: te.max(amax[i], tvm.tirx.const(EPS, "float32")) / qmax, name="S")
     if fma_quotient:
         R = te.compute((mp,), lambda i: tvm.tirx.const(1.0, "float32") / S[i], name="R")
-        quotient: Callable[[Any, Any], Any] = lambda i, j: exact_quotient(value(i, j), S[i], R[i])
+        quotient: Callable[[Any, Any], Any] = lambda i, j: exact_quotient(Y[i, j], S[i], R[i])
     else:
-        quotient = lambda i, j: value(i, j) / S[i]
+        quotient = lambda i, j: Y[i, j] / S[i]
     if out_qmax > INT8_QMAX:  # unsigned rows (Y >= 0 after its ReLU): [0, out_qmax] as uint8
         Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(quotient(i, j)), qmax),
                                                       tvm.tirx.const(0.0, "float32")).astype("uint8"), name="Q")
     else:
         Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(quotient(i, j)), qmax), -qmax).astype("int8"),
                        name="Q")
-    return Q, S
-
+    return tvm.IRModule({"main": te.create_prim_func(args + [Q, S])})

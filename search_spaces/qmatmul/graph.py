@@ -28,11 +28,7 @@ where symmetric int8 has 128, at no cost (VNNI multiplies u8 x s8; int8 activati
 
 A chain whose last layer (no ReLU) is followed by DCNv2's cross tail, `x0 * (y + b) + x` (TorchRec's
 LowRankCrossNet), ends with qmatmul_cross on CPUs: the tail is the last kernel's epilogue
-(search_spaces/_cross_tail.py says what it matches). Where that tail's output is the next chain's input (the next
-cross layer's V product, or the MLP after the cross network) and otherwise only the next tail's residual, the two
-chains are linked into one match: the first ends with qmatmul_cross_requant, whose epilogue also quantizes the
-rows for the next chain (which then has no quantize_rows; divided by the next head's smoothing first, where it
-is smoothed), writing the float32 output only where the residual reads it.
+(search_spaces/_cross_tail.py says what it matches).
 
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
@@ -61,7 +57,6 @@ __all__ = ["MIN_IN_FEATURES", "MIN_OUT_FEATURES", "RULES", "simulated_linear"]
 aten = torch.ops.aten
 RULE = "qmatmul"
 CROSS = "qmatmul_cross"
-CROSS_REQUANT = "qmatmul_cross_requant"
 RELUS = (aten.relu.default, aten.relu_.default)
 # Below these, int8 gains nothing: the layer is a few FLOPs per row (DLRM's 13-feature input layer, its 1-wide
 # output layer) and per-row quantization plus a second kernel launch cost more than the fp32 GEMM saves; int8 on
@@ -248,34 +243,9 @@ def _settled(gm: Any, values: dict[str, Any], chain: list[_Layer]) -> list[_Laye
     return out
 
 
-@dataclass(frozen=True)
-class _Link:
-    """A chain ending in a cross tail whose output the next chain's head reads: the rows' range for that head,
-    whether the output is also the next tail's residual (so written in float32 too), and the head's smoothing
-    (the divisors of its input columns, or None)."""
-
-    out_qmax: int
-    out_float: bool
-    smooth: torch.Tensor | None
-
-
-def _link(tail: CrossTail | None, nxt: list[_Layer], nxt_tail: CrossTail | None) -> _Link | None:
-    """How a chain ending in `tail` links to the next chain `nxt` (its own tail `nxt_tail`), or None: `nxt`'s head
-    (int8 on a CPU) reads the tail's output as its input, and nothing else does but `nxt_tail`'s residual add."""
-    head = nxt[0]
-    if tail is None or head.small or not head.on_cpu or head.linear.args[0] is not tail.out:
-        return None
-    residual = nxt_tail.out if nxt_tail is not None and nxt_tail.x is tail.out else None
-    if set(tail.out.users) - {head.linear, residual}:
-        return None
-    return _Link(a_range(head.a_bits)[1], residual in tail.out.users, head.smooth)
-
-
-def _plan(chain: list[_Layer], tail: CrossTail | None = None, link: _Link | None = None
-          ) -> list[tuple[str, dict[str, Any]]]:
+def _plan(chain: list[_Layer], tail: CrossTail | None = None) -> list[tuple[str, dict[str, Any]]]:
     """(op, workload fields) per layer: qmatmul_requant quantizing for the next layer, qmatmul for the last
-    (qmatmul_cross where a cross tail follows it: its bias is the layer's, the tail's or their sum;
-    qmatmul_cross_requant where the chain `link`s to the next)."""
+    (qmatmul_cross where a cross tail follows it: its bias is the layer's, the tail's or their sum)."""
     plan = []
     for layer, nxt in zip(chain, chain[1:]):
         plan.append(("qmatmul_requant",
@@ -283,35 +253,17 @@ def _plan(chain: list[_Layer], tail: CrossTail | None = None, link: _Link | None
     if tail is None:
         plan.append((RULE, chain[-1].fields()))
     else:
-        fields = {**chain[-1].fields(), "bias": chain[-1].bias or tail.bias is not None}
-        plan.append((CROSS, fields) if link is None else
-                    (CROSS_REQUANT, {**fields, "out_qmax": link.out_qmax, "out_float": link.out_float,
-                                     **({"smooth": True} if link.smooth is not None else {})}))
+        plan.append((CROSS, {**chain[-1].fields(), "bias": chain[-1].bias or tail.bias is not None}))
     return plan
 
 
-@dataclass(frozen=True)
-class _Piece:
-    """One chain of a match, with its cross tail (or None), its plan and its link to the next piece (or None)."""
-
-    chain: list[_Layer]
-    tail: CrossTail | None
-    plan: list[tuple[str, dict[str, Any]]]
-    link: _Link | None
-
-    @property
-    def out(self) -> Any:
-        return self.tail.out if self.tail is not None else self.chain[-1].out
-
-
-def _replace(pieces: list[_Piece]) -> Any:
+def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]], tail: CrossTail | None = None) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
-        first = pieces[0].chain[0]
-        biases = [[scalar_arg(layer.linear, 2, "bias", None) for layer in p.chain] for p in pieces]
-        inner = {p.out for p in pieces[:-1]}  # computed inside the match (each linked piece's output)
-        reads = [first.linear.args[0], *(b for bs in biases for b in bs)]
-        reads += [n for p in pieces if p.tail is not None for n in (p.tail.bias, p.tail.x0, p.tail.x) if n not in inner]
-        with gm.graph.inserting_before(insertion_point(gm, [r for r in reads if r is not None], [pieces[-1].out])):
+        first = chain[0]
+        biases = [scalar_arg(layer.linear, 2, "bias", None) for layer in chain]
+        reads = [first.linear.args[0], *biases] + ([tail.bias, tail.x0, tail.x] if tail is not None else [])
+        ends = [chain[-1].out] if tail is None else [tail.out]
+        with gm.graph.inserting_before(insertion_point(gm, [r for r in reads if r is not None], ends)):
             x = first.linear.args[0]
             if first.small:  # weight-only head: float32 in, no a_scale
                 a, a_scale = x, None
@@ -325,67 +277,43 @@ def _replace(pieces: list[_Piece]) -> Any:
                         x.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
                 qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default,
                                             (x, a_range(first.a_bits)[1], smooth))
-                a, a_scale = _outputs(gm, qs, 2)
+                a = gm.graph.call_function(operator.getitem, (qs, 0))
+                a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
                 for node in (qs, a, a_scale):
                     node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
-            new_out: dict[Any, Any] = {}  # a linked piece's output -> the node of its new float32 output
-            for piece, piece_biases in zip(pieces, biases):
-                out, a, a_scale = _emit(gm, piece, piece_biases, a, a_scale, new_out)
-                new_out[piece.out] = out
+            for i, (layer, b, (op, fields)) in enumerate(zip(chain, biases, plan)):
+                weight = attr(gm, layer.linear.args[1].target).detach().float()
+                if layer.smooth is not None:
+                    weight = weight * layer.smooth
+                nxt = chain[i + 1].smooth if i + 1 < len(chain) else None
+                if nxt is not None:  # the next layer's smoothing, folded into this one's output channels
+                    weight = weight / nxt[:, None]
+                    if b is not None:
+                        b = register(gm, "autotune_smoothed_bias", attr(gm, b.target).detach() / nxt)
+                wq, w_scale = quantize_rows(weight)  # once
+                wq_node = register(gm, "autotune_qweight", wq.contiguous())
+                scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
+                args = (a, wq_node, a_scale, scale_node, b, fields["relu"], fields["a_bits"])
+                stack = layer.linear.meta.get("nn_module_stack", {})
+                if op == RULE:
+                    out = gm.graph.call_function(torch.ops.autotune.qmatmul.default, args)
+                    layer_new = [wq_node, scale_node, out]
+                elif op == CROSS:
+                    out = gm.graph.call_function(torch.ops.autotune.qmatmul_cross.default,
+                                                 (a, wq_node, a_scale, scale_node, tail_bias(gm, b, tail), tail.x0,
+                                                  tail.x, fields["a_bits"]))
+                    layer_new = [wq_node, scale_node, out]
+                else:
+                    qs = gm.graph.call_function(torch.ops.autotune.qmatmul_requant.default,
+                                                (*args, fields["out_qmax"]))
+                    a = gm.graph.call_function(operator.getitem, (qs, 0))
+                    a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
+                    layer_new = [wq_node, scale_node, qs, a, a_scale]
+                for node in layer_new:
+                    node.meta["nn_module_stack"] = stack
         return (out,)
 
     return replace
-
-
-def _outputs(gm: Any, node: Any, count: int) -> list[Any]:
-    """`count` getitem nodes of a node returning a tuple."""
-    return [gm.graph.call_function(operator.getitem, (node, i)) for i in range(count)]
-
-
-def _emit(gm: Any, piece: _Piece, biases: list[Any], a: Any, a_scale: Any, new_out: dict[Any, Any]
-          ) -> tuple[Any, Any, Any]:
-    """The nodes of one piece, reading its head's activations (a, a_scale): (its output, and the next piece's
-    activations where it links to one, else None twice). A tail's x that a linked piece computed is that
-    piece's new output."""
-    chain, tail = piece.chain, piece.tail
-    out = None
-    for i, (layer, b, (op, fields)) in enumerate(zip(chain, biases, piece.plan)):
-        weight = attr(gm, layer.linear.args[1].target).detach().float()
-        if layer.smooth is not None:
-            weight = weight * layer.smooth
-        nxt = chain[i + 1].smooth if i + 1 < len(chain) else None
-        if nxt is not None:  # the next layer's smoothing, folded into this one's output channels
-            weight = weight / nxt[:, None]
-            if b is not None:
-                b = register(gm, "autotune_smoothed_bias", attr(gm, b.target).detach() / nxt)
-        wq, w_scale = quantize_rows(weight)  # once
-        wq_node = register(gm, "autotune_qweight", wq.contiguous())
-        scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
-        args = (a, wq_node, a_scale, scale_node, b, fields["relu"], fields["a_bits"])
-        layer_new = [wq_node, scale_node]
-        if op == RULE:
-            out = gm.graph.call_function(torch.ops.autotune.qmatmul.default, args)
-            layer_new.append(out)
-        elif op in (CROSS, CROSS_REQUANT):
-            x = new_out.get(tail.x, tail.x)
-            cross = (a, wq_node, a_scale, scale_node, tail_bias(gm, b, tail), tail.x0, x, fields["a_bits"])
-            if op == CROSS:
-                out = gm.graph.call_function(torch.ops.autotune.qmatmul_cross.default, cross)
-                layer_new.append(out)
-            else:
-                smooth = None if piece.link.smooth is None else register(gm, "autotune_smooth", 1 / piece.link.smooth)
-                node = gm.graph.call_function(torch.ops.autotune.qmatmul_cross_requant.default,
-                                              (*cross[:-1], smooth, fields["a_bits"], fields["out_qmax"],
-                                               fields["out_float"]))
-                out, a, a_scale = _outputs(gm, node, 3)
-                layer_new += [node, out, a, a_scale] + ([smooth] if smooth is not None else [])
-        else:
-            qs = gm.graph.call_function(torch.ops.autotune.qmatmul_requant.default, (*args, fields["out_qmax"]))
-            a, a_scale = _outputs(gm, qs, 2)
-            layer_new += [qs, a, a_scale]
-        for node in layer_new:
-            node.meta["nn_module_stack"] = layer.linear.meta.get("nn_module_stack", {})
-    return (out, a, a_scale) if piece.link is not None else (out, None, None)
 
 
 def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
@@ -418,7 +346,7 @@ def _reduced(chain: list[_Layer]) -> tuple[Reduced, ...]:
 
 def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
     """Every chain of Linear(+ReLU) layers on float32 parameters (a lone layer is a chain of one), in graph
-    order, linked chains as one match; a lone layer too narrow for int8 is kept, saying why."""
+    order; a lone layer too narrow for int8 is kept, saying why."""
     layers = []
     for linear in [n for n in gm.graph.nodes if is_call(n, aten.linear.default) and n not in claimed]:
         layer = _layer(gm, values, linear, claimed)
@@ -432,7 +360,6 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
     for layer in layers:
         if id(layer) not in chained:
             yield Kept(RULE, where(layer.nodes), layer.small)
-    runnable: list[tuple[list[_Layer], CrossTail | None]] = []
     for chain in (_settled(gm, values, c) for c in chains):
         last = chain[-1]
         tail = (cross_tail(gm, values, last.out, (last.m, last.n))
@@ -449,65 +376,30 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if why:
             yield Kept(RULE, where(nodes), why)
             continue
-        runnable.append((chain, tail))
-    for pieces in _linked(runnable):
-        yield _match(gm, values, pieces)
-
-
-def _linked(runnable: list[tuple[list[_Layer], CrossTail | None]]) -> Iterator[list[_Piece]]:
-    """The runnable chains in graph order as matches of one or more pieces: each chain whose cross tail links to
-    the next runnable chain (`_link`, where qmatmul_cross_requant is registered and takes the workload) joins
-    that chain's match."""
-    pieces: list[_Piece] = []
-    for i, (chain, tail) in enumerate(runnable):
-        nxt = runnable[i + 1] if i + 1 < len(runnable) else None
-        link = _link(tail, *nxt) if nxt is not None and has_op(CROSS_REQUANT) else None
-        plan = _plan(chain, tail, link)
-        if link is not None and workload_error(template(CROSS_REQUANT).Workload, plan[-1][1]):
-            link, plan = None, _plan(chain, tail)
-        pieces.append(_Piece(chain, tail, plan, link))
-        if link is None:
-            yield pieces
-            pieces = []
-
-
-def _what(piece: _Piece, quantized_input: bool) -> str:
-    """What a piece runs, for the report (`quantized_input`: its input quantized by quantize_rows)."""
-    chain, tail, plan = piece.chain, piece.tail, piece.plan
-    return (" -> ".join(layer.what() for layer in chain) + (" -> x0 * (. + b) + x" if tail else "") + " -> "
-            + ("quantize_rows + " if quantized_input else "")
-            + (f"int8 {plan[-1][0]}" if len(chain) == 1 else
-               f"{len(chain) - 1} qmatmul_requant (int8 out) + {plan[-1][0]}: int8 between layers"
-               + (" (uint8 after ReLUs)" if any(layer.unsigned for layer in chain) else "")
-               + (" (the head weight-only)" if chain[0].small else ""))
-            + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
-               if any(layer.smooth is not None for layer in chain) else "")
-            + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else "")
-            + (" (DCN's cross tail in its epilogue)" if tail else "")
-            + ("" if piece.link is None else
-               f" (its rows quantized for the next{'' if piece.link.out_float else ', the float32 output unwritten'})"))
-
-
-def _match(gm: Any, values: dict[str, Any], pieces: list[_Piece]) -> GraphMatch:
-    """The match of linked pieces: one quantize_rows for the first head (unless weight-only), then each piece's
-    kernels; judged on the last piece's output."""
-    head, last = pieces[0].chain[0], pieces[-1]
-    nodes = [node for p in pieces for layer in p.chain for node in layer.nodes] + [
-        node for p in pieces for node in (p.tail.nodes if p.tail else ())]
-    tasks = [("quantize_rows", dict(rows=head.m, cols=head.k, qmax=a_range(head.a_bits)[1],
-                                    **({"smooth": True} if head.smooth is not None and head.on_cpu else {})))]
-    tasks = (tasks if not head.small else []) + [task for p in pieces for task in p.plan]
-    ref = tensor_value(gm, values, last.chain[-1].out)
-    scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
-    if last.tail is not None:  # the tail multiplies the product's error by x0
-        scale *= float(tensor_value(gm, values, last.tail.x0).abs().max())
-    bits = last.chain[-1].a_bits
-    return GraphMatch(
-        rule=RULE, nodes=tuple(nodes), outputs=(last.out,), tasks=tuple(tasks), replace=_replace(pieces),
-        tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
-        reduced=tuple(r for p in pieces for r in _reduced(p.chain)),
-        what="; then ".join(_what(p, i == 0 and not head.small) for i, p in enumerate(pieces))
-             + (" (7-bit activations)" if bits == 7 else ""))
+        head = chain[0]
+        tasks = [("quantize_rows", dict(rows=head.m, cols=head.k, qmax=a_range(head.a_bits)[1],
+                                        **({"smooth": True} if head.smooth is not None and head.on_cpu else {})))]
+        tasks = (tasks if not chain[0].small else []) + plan
+        ref = tensor_value(gm, values, chain[-1].out)
+        scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
+        if tail is not None:  # the tail multiplies the product's error by x0
+            scale *= float(tensor_value(gm, values, tail.x0).abs().max())
+        bits = chain[-1].a_bits
+        yield GraphMatch(
+            rule=RULE, nodes=tuple(nodes), outputs=(tail.out if tail else chain[-1].out,), tasks=tuple(tasks),
+            replace=_replace(chain, plan, tail), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
+            reduced=_reduced(chain),
+            what=" -> ".join(layer.what() for layer in chain) + (" -> x0 * (. + b) + x" if tail else "") + " -> "
+                 + ("quantize_rows + " if not chain[0].small else "")
+                 + (f"int8 {plan[-1][0]}" if len(chain) == 1 else
+                    f"{len(chain) - 1} qmatmul_requant (int8 out) + {plan[-1][0]}: int8 between layers"
+                    + (" (uint8 after ReLUs)" if any(layer.unsigned for layer in chain) else "")
+                    + (" (the head weight-only)" if chain[0].small else ""))
+                 + (" (7-bit activations)" if bits == 7 else "")
+                 + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
+                    if any(layer.smooth is not None for layer in chain) else "")
+                 + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else "")
+                 + (" (DCN's cross tail in its epilogue)" if tail else ""))
 
 
 RULES = (GraphRule(RULE, find, quantizes=True),)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..template import TorchBinding
 
 __all__ = ["DEVICE_KINDS", "DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines",
-           "check_inputs", "check_with", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space",
+           "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space",
            "tolerance", "torch_binding", "traffic"]
 
 NAME = "qmatmul_cross"
@@ -50,23 +50,16 @@ def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) 
 def check_inputs(w: Workload, *tensors: Any) -> None:
     """qmatmul's checks of the operands and this workload's M, K and N (qmatmul/checks.py, imports torch), then
     the op's of x0 and x (float32, (M, N), the operands' device, contiguous)."""
-    from . import torch_op
-
-    check_with(torch_op, w, tensors)
-
-
-def check_with(op_module: Any, w: Workload, tensors: Sequence[Any]) -> None:
-    """`check_inputs` through the torch_op module `op_module` (its OP, `check` and `op_call`): qmatmul_cross's
-    and the ops built on it (qmatmul_cross_requant)."""
     import torch
 
     from ..qmatmul.checks import check_inputs as check
+    from .torch_op import check as check_op, op_call
 
     if len(tensors) < 2 or not all(isinstance(t, torch.Tensor) for t in tensors[-2:]):
-        raise TypeError(f"{op_module.OP}: expected qmatmul's tensors, then x0 and x (tensors)")
+        raise TypeError("qmatmul_cross: expected qmatmul's tensors, then x0 and x (tensors)")
     check(w, *tensors[:-2])
-    args, kwargs = op_module.op_call(w, tensors)
-    op_module.check(*args, **kwargs)
+    args, kwargs = op_call(w, tensors)
+    check_op(*args, **kwargs)
 
 
 def torch_binding() -> "TorchBinding":

@@ -25,15 +25,6 @@ def compute(w: Workload, cfg: Config) -> Any:
     import tvm
     from tvm import te
 
-    inputs, Y = cross_output(w, cfg)
-    return tvm.IRModule({"main": te.create_prim_func(inputs + [Y])})
-
-
-def cross_output(w: Workload, cfg: Config) -> tuple[list[Any], Any]:
-    """The kernel's input placeholders (A, Wp, [comp], a_scale, w_scale, [bias], X0, X) and the cross layer's
-    output Y over them (`compute`; qmatmul_cross_requant quantizes Y's rows too)."""
-    from tvm import te
-
     mp, kp, np_ = _qmatmul.padded(w, cfg)
     offset = _qmatmul._offset(w, cfg)  # u8 x s8 instructions: A + offset in, offset * sum_k W out
     A = te.placeholder((mp, kp), "uint8" if w.mode == "uint8" else "int8", name="A")
@@ -59,7 +50,8 @@ def cross_output(w: Workload, cfg: Config) -> tuple[list[Any], Any]:
         y = c.astype("float32") * a_scale[i] * w_scale[j]
         return y + bias[j] if bias is not None else y
 
-    return args + [x0, x], te.compute((mp, np_), lambda i, j: x0[i, j] * product(i, j) + x[i, j], name="Y")
+    Y = te.compute((mp, np_), lambda i, j: x0[i, j] * product(i, j) + x[i, j], name="Y")
+    return tvm.IRModule({"main": te.create_prim_func(args + [x0, x, Y])})
 
 
 def lower(w: Workload, cfg: Config, target: Any) -> Any:

@@ -21,7 +21,7 @@ from ..qmatmul.workload import qmatmul_reference
 from ..template import InvalidDtype, Route, TorchBinding
 from .workload import Workload, cross, inputs
 
-__all__ = ["BINDING", "check", "check_cross", "qmatmul_cross", "run_chunk"]
+__all__ = ["BINDING", "check", "qmatmul_cross"]
 
 OP = "qmatmul_cross"
 
@@ -37,23 +37,17 @@ def check(a: Tensor, weight: Tensor, a_scale: Tensor, w_scale: Tensor, bias: Opt
           x: Tensor, a_bits: int = 8, validate: bool = True) -> None:
     """qmatmul's checks of the operands (errors name this op); int8 or uint8 activations; x0 and x float32
     (m, n) on the operands' device, contiguous."""
-    check_cross(OP, a, weight, a_scale, w_scale, bias, x0, x, a_bits)
-
-
-def check_cross(op: str, a: Tensor, weight: Tensor, a_scale: Tensor, w_scale: Tensor, bias: Optional[Tensor],
-                x0: Tensor, x: Tensor, a_bits: int) -> None:
-    """`check`, its errors naming `op` (qmatmul_cross_requant's checks too)."""
-    check_operands(op, a, weight, a_scale, w_scale, bias, a_bits)
+    check_operands(OP, a, weight, a_scale, w_scale, bias, a_bits)
     shape = (a.shape[0], weight.shape[0])
     if x0.dtype is _F32 and x.dtype is _F32 and x0.shape == shape and x.shape == shape and a.dtype is not _F32 \
             and fits(a, x0, x):
         return
-    need(a.dtype is not _F32, op, "a must be int8 or uint8 with a_scale (the cross layer has no weight-only mode)",
+    need(a.dtype is not _F32, OP, "a must be int8 or uint8 with a_scale (the cross layer has no weight-only mode)",
          InvalidDtype)
     for name, t in (("x0", x0), ("x", x)):
-        need(t.dtype == _F32, op, f"{name} must be float32, got {t.dtype}", InvalidDtype)
-        need(tuple(t.shape) == shape, op, f"{name} must be {shape} (a's rows, weight's rows), got {tuple(t.shape)}")
-    same_device_contiguous(op, a=a, x0=x0, x=x)
+        need(t.dtype == _F32, OP, f"{name} must be float32, got {t.dtype}", InvalidDtype)
+        need(tuple(t.shape) == shape, OP, f"{name} must be {shape} (a's rows, weight's rows), got {tuple(t.shape)}")
+    same_device_contiguous(OP, a=a, x0=x0, x=x)
 
 
 _F32 = torch.float32
@@ -78,28 +72,24 @@ def _rows(t: Optional[Tensor], start: int, stop: int, pad: int, whole: bool) -> 
     return F.pad(t, (0, pad) if t.dim() == 1 else (0, 0, 0, pad)) if pad else t
 
 
-def run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Tensor, w_scale: Tensor, bias: Optional[Tensor],
-              x0: Tensor, x: Tensor, *after: Tensor) -> Any:
-    """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows: a, a_scale, x0 and x sliced alike
-    and zero-padded up to it (padded rows are computed and dropped), the per-channel tensors `after` them (a
-    requantizing kernel's column factors) as they are; its output, or each of its outputs."""
-    rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
-    whole = rows == a.shape[0]
-    a_c, s_c, x0_c, x_c = (_rows(t, chunk.start, chunk.stop, pad, whole) for t in (a, a_scale, x0, x))
-    out = chunk.kernel(a_c, weight, s_c, w_scale, *([] if bias is None else [bias]), x0_c, x_c, *after)
-    if not pad:
-        return out
-    return tuple(o[:rows] for o in out) if isinstance(out, tuple) else out[:rows]
-
-
 def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Tensor, w_scale: Tensor, bias: Optional[Tensor],
         x0: Tensor, x: Tensor, a_bits: int = 8, validate: bool = True) -> Tensor:
-    """Each chunk's rows through a kernel tuned for `chunk.kernel.size` rows (`run_chunk`)."""
+    """Each chunk's rows through a kernel tuned for `chunk.kernel.size` rows: a, a_scale, x0 and x sliced alike
+    and zero-padded up to it (padded rows are computed and dropped)."""
+    per_channel = [w_scale] + ([] if bias is None else [bias])
+
+    def one(chunk: Any) -> Tensor:
+        rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
+        whole = rows == a.shape[0]
+        a_c, s_c, x0_c, x_c = (_rows(t, chunk.start, chunk.stop, pad, whole) for t in (a, a_scale, x0, x))
+        out = chunk.kernel(a_c, weight, s_c, *per_channel, x0_c, x_c)
+        return out[:rows] if pad else out
+
     if len(chunks) == 1:
-        return run_chunk(chunks[0], a, weight, a_scale, w_scale, bias, x0, x).contiguous()
+        return one(chunks[0]).contiguous()
     out = a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
     for chunk in chunks:
-        out[chunk.start:chunk.stop] = run_chunk(chunk, a, weight, a_scale, w_scale, bias, x0, x)
+        out[chunk.start:chunk.stop] = one(chunk)
     return out
 
 
