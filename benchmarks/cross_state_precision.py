@@ -13,20 +13,11 @@ in float32, and the model's output compared with eager on batches drawn as examp
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrec_dlrm.py"
-
-
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("torchrec_dlrm", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+from benchmarks.lib.example import torchrec_dlrm
 
 
 def stored_as(dtype: torch.dtype) -> Callable[..., torch.Tensor]:
@@ -52,9 +43,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--batches", type=int, default=2)
     args = p.parse_args(argv)
+    if min(args.max_rows, args.batch, args.batches) < 1:
+        p.error("--max-rows, --batch and --batches take values >= 1")
     from torchrec.modules.crossnet import LowRankCrossNet
 
-    ex = _example()
+    ex = torchrec_dlrm()
     torch.manual_seed(0)
     model, rows = ex.build("dcn", args.max_rows)
     batches = [ex.make_batch(rows, ex.MLPERF_POOLING, args.batch, seed) for seed in range(1, args.batches + 1)]

@@ -32,3 +32,10 @@ def test_stored_as_rounds_the_state_it_stores():
     got = bench.stored_as(torch.bfloat16)(net, x0)
     want = (x0.bfloat16().float() * 1.5).bfloat16().float()
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("flag", ["--max-rows", "--batch", "--batches"])
+def test_sizes_below_one_are_refused_saying_why(flag, capsys):
+    with pytest.raises(SystemExit):
+        bench.main([flag, "0"])
+    assert "take values >= 1" in capsys.readouterr().err
