@@ -251,7 +251,8 @@ class TorchBinding:
     #                          reference-order tensors, .kernel.size its tuned size), .start, .stop
     compiled: Callable[[Any], tuple[Any, ...]]  # workload -> the Route.signature of the calls its kernel serves
     size: Callable[[Any], int]  # workload -> its tuned size along the routed dimension
-    any_size: bool  # True: one kernel serves any size; False: exactly its tuned size (calls are padded/split)
+    any_size: bool | Callable[[str], bool]  # True: one kernel serves any size; False: exactly its tuned size
+    #   (calls are padded/split); or (device key, "cpu" or "cuda:0") -> either, where devices' kernels differ
     describe: Callable[[tuple[Any, ...]], str]  # signature -> "dim=64 mode=sum ..." for warnings and reports
     cases: Callable[[Any, int, int], Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]]
     #   (workload, seed, count) -> (case name, args, kwargs) of op calls that a kernel of this workload must

@@ -21,7 +21,7 @@ import autotune.torch as at
 import search_spaces
 from autotune.package import export, read_manifest
 from autotune.task import make_task
-from autotune.torch import registry
+from autotune.torch import callpath, registry
 from search_spaces.embedding_bag import checks as eb_checks, workload as eb_workload
 from search_spaces.interaction.workload import dot_interaction
 
@@ -145,8 +145,36 @@ def test_embedding_bag_options_run_their_kernels(pkg):
 
 
 # ---- dispatch: buckets and fallback --------------------------------------------------------------------------
+@pytest.mark.parametrize("m, size", [(8, 8), (5, 8), (20, 32), (32, 32), (75, 32)])
+def test_qmatmul_on_cpus_runs_the_nearest_bucket_for_the_whole_call(pkg, m, size):
+    """A CPU kernel runs any whole number of its tasks (the rows padded up to one): one call, whatever M."""
+    a, wq, a_s, w_s, bias = qmm_inputs(m, seed=m)
+    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), m)
+    assert [(c.kernel.size, c.start, c.stop) for c in plan] == [(size, 0, m)]
+    with _errors_on_fallback():
+        out = QMM(a, wq, a_s, w_s, bias)
+    ref = search_spaces.get("qmatmul").reference(search_spaces.get("qmatmul").Workload(m=m, k=32, n=16),
+                                                 a, wq, a_s, w_s, bias)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    assert calls(pkg, "qmatmul") == 1
+
+
+@pytest.fixture
+def fixed_size(pkg, monkeypatch):
+    """The package's qmatmul kernels taken as kernels of exactly their tuned size, as GPU kernels are."""
+    for k in pkg.kernels:
+        if k.op == "qmatmul":
+            monkeypatch.setattr(k, "any_size", False)
+    at.REGISTRY.plans.clear()
+    callpath.invalidate()  # replayed calls were decided with the kernels as loaded
+    yield pkg
+    at.REGISTRY.plans.clear()
+    callpath.invalidate()
+
+
 @pytest.mark.parametrize("m, sizes", [(8, [8]), (5, [8]), (20, [32]), (32, [32]), (75, [32, 32, 32])])
-def test_qmatmul_runs_the_bucket_that_fits_padded_or_split(pkg, m, sizes):
+def test_fixed_size_kernels_run_the_bucket_that_fits_padded_or_split(fixed_size, m, sizes):
     a, wq, a_s, w_s, bias = qmm_inputs(m, seed=m)
     plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), m)
     assert [c.kernel.size for c in plan] == sizes and plan[-1].stop == m
@@ -156,9 +184,10 @@ def test_qmatmul_runs_the_bucket_that_fits_padded_or_split(pkg, m, sizes):
                                                  a, wq, a_s, w_s, bias)
     assert out.is_contiguous()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    assert calls(fixed_size, "qmatmul") == len(sizes)
 
 
-def test_split_leaves_the_smallest_bucket_for_the_rest(pkg):
+def test_split_leaves_the_smallest_bucket_for_the_rest(fixed_size):
     plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), 70)
     assert [(c.kernel.size, c.start, c.stop) for c in plan] == [(32, 0, 32), (32, 32, 64), (8, 64, 70)]
 

@@ -31,12 +31,12 @@ namespace py = pybind11;
 
 namespace {
 
-enum Kind { INPUT = 0, PACKED = 1, FRESH = 2, FLAG = 3 };
+enum Kind { INPUT = 0, PACKED = 1, FRESH = 2, FLAG = 3, SCALAR = 4 };
 
 struct ArgSpec {
   int kind = INPUT;
   int index = 0;       // INPUT: the op argument it views; PACKED: index into Plan::packed
-  int64_t delta = 0;   // INPUT: bytes from the input's data pointer
+  int64_t delta = 0;   // INPUT: bytes from the input's data pointer; SCALAR: the integer passed
   std::vector<int64_t> sizes, strides;
   at::ScalarType scalar = at::kFloat;
   DLDataType dtype{};
@@ -198,6 +198,12 @@ bool replay(const Plan& p, c10::ArrayRef<c10::IValue> args, std::vector<c10::IVa
   at::Tensor fresh[kMaxArgs];
   for (int i = 0; i < n; ++i) {
     const ArgSpec& s = p.args[i];
+    if (s.kind == SCALAR) {  // an integer the call's metadata fixed (a CPU GEMM's number of tasks)
+      any[i].type_index = kTVMFFIInt;
+      any[i].zero_padding = 0;
+      any[i].v_int64 = s.delta;
+      continue;
+    }
     void* data = nullptr;
     switch (s.kind) {
       case INPUT:

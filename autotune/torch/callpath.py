@@ -7,9 +7,10 @@ keys. The first call with given argument metadata goes to the Python dispatch (`
 call as always and, where the op's binding says the call's validity rests on metadata alone
 (`TorchBinding.replayable`: the kernel checks the data itself, as the embedding bags' error flag does), says
 what it did: the TVM function, and each kernel argument as a view of an op argument, a packed weight (valid
-while its weight is the same live tensor, version and address), a fresh output or the error flag. Later calls
-with the same metadata are built and run in C++. Anything else goes to the Python kernels as before, which
-also raise every error (a flagged call is handed to them, and they find what was wrong).
+while its weight is the same live tensor, version and address), a fresh output, the error flag or an integer
+the metadata fixed (a CPU GEMM's number of tasks). Later calls with the same metadata are built and run in
+C++. Anything else goes to the Python kernels as before, which also raise every error (a flagged call is handed
+to them, and they find what was wrong).
 
 The extension is compiled once per machine (`runtime.compile_cached`, ~20 s, against this process's torch and
 tvm-ffi) by `make install` or on first use. Without a C++ compiler, or with AUTOTUNE_CALLPATH=python, the ops
@@ -30,10 +31,12 @@ import torch
 
 from .. import runtime
 
-__all__ = ["ENV", "INPUT", "PACKED", "FRESH", "FLAG", "capture", "enabled", "install", "invalidate", "load", "stats"]
+__all__ = ["ENV", "INPUT", "PACKED", "FRESH", "FLAG", "SCALAR", "capture", "enabled", "install", "invalidate", "load",
+           "stats"]
 
 ENV = "AUTOTUNE_CALLPATH"  # "compiled" (default) or "python"
-INPUT, PACKED, FRESH, FLAG = 0, 1, 2, 3  # the kinds of a kernel argument (callpath.cpp's Kind)
+INPUT, PACKED, FRESH, FLAG, SCALAR = 0, 1, 2, 3, 4  # the kinds of a kernel argument (callpath.cpp's Kind)
+_INT64 = torch.empty(0, dtype=torch.int64)  # a SCALAR argument's dtype, as the spec gives it
 _SOURCE = os.path.join(os.path.dirname(__file__), "callpath.cpp")
 _MODULE: list[Any] = []  # [module] once loaded, [None] where it cannot be
 _LOCK = threading.Lock()
@@ -191,6 +194,9 @@ def _spec(kernel: Any, func: Any, args: Sequence[Any], out: Any, call: Sequence[
     flag_at = len(args) - 1 if kernel.flags_errors else -1  # template.py: the error flag is the last argument
     specs: list[tuple[Any, ...]] = []
     for k, a in enumerate(args):
+        if isinstance(a, int) and not isinstance(a, bool) and -2**63 <= a < 2**63:  # fixed by the call's metadata
+            specs.append((SCALAR, 0, a, [], [], _INT64))
+            continue
         if not isinstance(a, torch.Tensor) or a.device.type != "cpu" or a.layout != torch.strided or not a.numel():
             return None
         like = a.new_empty(0)

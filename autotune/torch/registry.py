@@ -75,7 +75,8 @@ class LoadedKernel(runtime.BoundKernel):
         self.file = package / entry["file"]
         self.signature = binding.compiled(self.workload)
         self.size = binding.size(self.workload)
-        self.any_size = binding.any_size
+        any_size = binding.any_size
+        self.any_size: bool = any_size(self.device) if callable(any_size) else any_size
 
     def describe(self) -> str:
         speed = f", {self.speedup_vs_torch:.2f}x PyTorch" if self.speedup_vs_torch else ""

@@ -15,9 +15,9 @@ from ..template import GraphRule, TorchBinding, is_gpu
 from . import cpu, cuda
 from .workload import Workload, baselines, inputs, padded_args, reference, tolerance, traffic
 
-__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "graph_rules", "inputs", "kernel_args", "lower", "pack", "padded_dims", "reference", "space", "tolerance",
-           "torch_binding", "traffic"]
+__all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "call_dims",
+           "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "padded_dims", "reference",
+           "scalar_args", "space", "tolerance", "torch_binding", "traffic"]
 
 NAME = "qmatmul"
 DOC = "int8 x int8 -> int32 matmul with a fused dequant/bias/ReLU epilogue; or int8 weight-only"
@@ -48,23 +48,48 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
     """Kernel arguments from reference-order tensors with the weight already packed by `pack`."""
-    return padded_args(w, padded_dims(w, cfg), packed, *tensors)
+    dims, scalars = call_dims(w, cfg, tensors[0].shape[0])
+    args, out = padded_args(w, dims, packed, *tensors)
+    return [*args, *scalars], out
 
 
-_PADDED: dict[tuple[int, int], tuple[Workload, Config, tuple[int, int, int]]] = {}
+_PADDED: dict[tuple[int, int], tuple[Workload, Config, tuple[int, int, int], int]] = {}
 
 
 def padded_dims(w: Workload, cfg: Config) -> tuple[int, int, int]:
-    """The padded (M, K, N) of a kernel, found again by the identity of its workload and config (2 us a call
-    otherwise). The entry holds both, so their ids cannot be reused while it lives; bounded like a cache."""
+    """The padded (M, K, N) of a kernel at its tuned M (`call_dims` for a call's)."""
+    return _padding(w, cfg)[0]
+
+
+def call_dims(w: Workload, cfg: Config, m: int) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """The padded (M, K, N) a call of `m` rows runs, and the kernel's trailing scalar arguments. A CPU kernel
+    runs any whole number of its parallel tasks (`cpu.task_rows` rows each; the count is its last argument):
+    `m` is padded up to whole tasks. A GPU kernel runs exactly its tuned M (the torch op pads or splits calls)."""
+    (mp, kp, np_), task = _padding(w, cfg)
+    if not task:
+        return (mp, kp, np_), ()
+    tasks = -(-m // task)
+    return (tasks * task, kp, np_), (tasks,)
+
+
+def scalar_args(w: Workload, cfg: Config) -> tuple[int, ...]:
+    """The kernel's trailing integer arguments at the tuned M (`autotune.lowered --specialized`)."""
+    return call_dims(w, cfg, w.m)[1]
+
+
+def _padding(w: Workload, cfg: Config) -> tuple[tuple[int, int, int], int]:
+    """(the padded (M, K, N) at the tuned M, rows per task of a CPU kernel or 0), found again by the identity of
+    the workload and config (2 us a call otherwise). The entry holds both, so their ids cannot be reused while
+    it lives; bounded like a cache."""
     hit = _PADDED.get((id(w), id(cfg)))
     if hit is not None and hit[0] is w and hit[1] is cfg:
-        return hit[2]
+        return hit[2], hit[3]
     if len(_PADDED) > 1024:
         _PADDED.clear()
-    dims = _device_of(cfg).padded(w, cfg)
-    _PADDED[(id(w), id(cfg))] = (w, cfg, dims)
-    return dims
+    device = _device_of(cfg)
+    dims, task = device.padded(w, cfg), cpu.task_rows(w, cfg) if device is cpu else 0
+    _PADDED[(id(w), id(cfg))] = (w, cfg, dims, task)
+    return dims, task
 
 
 def check_inputs(w: Workload, *tensors: Any) -> None:

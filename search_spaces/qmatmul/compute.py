@@ -15,9 +15,10 @@ PackedWeight = Callable[[int, int], tuple[Any, Callable[[Any, Any], Any]]]
 
 
 def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight, unsigned_offset: int = 0,
-           out_qmax: int = 0, fma_quotient: bool = False) -> Any:
+           out_qmax: int = 0, fma_quotient: bool = False, params: tuple[Any, ...] = ()) -> Any:
     """The IRModule over padded `dims` (mp, kp, np_); argument order (A, Wp, [comp], a_scale?, w_scale, [bias], Y),
-    or with `out_qmax` (A, ..., [bias], Q, S).
+    or with `out_qmax` (A, ..., [bias], Q, S), then `params` (scalar variables mp may be an expression of: a CPU
+    kernel's number of tasks).
 
     `unsigned_offset` (u8 x s8 instructions): int8 activations enter the reduction as unsigned A + offset (`Au`),
     and the per-channel compensation `comp` = offset * sum_k W[n, k] (computed at packing time) is subtracted
@@ -68,7 +69,7 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     final = (lambda i, j: te.max(epilogue(i, j), tvm.tirx.const(0, "float32"))) if w.relu else epilogue
     Y = te.compute((mp, np_), final, name="Y")
     if not out_qmax:
-        return tvm.IRModule({"main": te.create_prim_func(args + [Y])})
+        return tvm.IRModule({"main": te.create_prim_func(args + [Y, *params])})
     n = te.reduce_axis((0, np_), name="n")
     amax = te.compute((mp,), lambda i: te.max(te.abs(Y[i, n]), axis=n), name="amax")
     qmax = tvm.tirx.const(float(out_qmax), "float32")
@@ -84,4 +85,4 @@ def define(w: Workload, dims: tuple[int, int, int], packed_weight: PackedWeight,
     else:
         Q = te.compute((mp, np_), lambda i, j: te.max(te.min(te.round(quotient(i, j)), qmax), -qmax).astype("int8"),
                        name="Q")
-    return tvm.IRModule({"main": te.create_prim_func(args + [Q, S])})
+    return tvm.IRModule({"main": te.create_prim_func(args + [Q, S, *params])})

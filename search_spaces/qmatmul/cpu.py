@@ -113,6 +113,13 @@ def tile_rows(cfg: Config) -> int:
     return cfg[M_TILE] * (intrinsics.AMX_ROWS if cfg[INTRINSIC] == "amx" else 1)
 
 
+def task_rows(w: Workload, cfg: Config) -> int:
+    """Rows per parallel task: m_block rounded down to whole register tiles dividing the tuned M's padded rows.
+    A kernel takes any whole number of tasks (`rows`); other M are padded up to one."""
+    mp = round_up(w.m, tile_rows(cfg))
+    return _block(mp, cfg[M_BLOCK], tile_rows(cfg))
+
+
 def _block(extent: int, want: int, tile: int) -> int:
     """The largest multiple of `tile` that divides `extent` (itself a multiple of tile) and is <= want."""
     size = max(tile, min(want, extent) // tile * tile)
@@ -140,8 +147,15 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 # ---- the computation and its schedule -----------------------------------------------------------------------
 def compute(w: Workload, cfg: Config, out_qmax: int = 0) -> Any:
     """The TE definition over the weight packed (N/nb, K/kb, nb, kb), zero-padded to whole tiles (`out_qmax`:
-    with the output quantized per row, `compute.define`)."""
-    return _compute.define(w, padded(w, cfg), lambda kp, np_: _packed_weight(w, cfg, kp, np_),
+    with the output quantized per row, `compute.define`), for any whole number of tasks: M is `tasks` x
+    `task_rows`, `tasks` the kernel's last argument, so the schedule's splits of M are exact (no guards: AMX
+    blocks tensorize) and one kernel serves every batch, padded up to whole tasks (`call_dims`)."""
+    from tvm import te
+
+    _, kp, np_ = padded(w, cfg)
+    tasks = te.var("tasks")
+    return _compute.define(w, (tasks * task_rows(w, cfg), kp, np_), lambda kp, np_: _packed_weight(w, cfg, kp, np_),
+                           params=(tasks,),
                            unsigned_offset=_offset(w, cfg), out_qmax=out_qmax, fma_quotient=True)
 
 
@@ -174,7 +188,7 @@ def schedule(sch: Any, w: Workload, cfg: Config, out_qmax: int = 0) -> None:
     mt, nv = tile_rows(cfg), cfg[N_VECTORS]
     y, c = sch.get_sblock("Y"), sch.get_sblock("C")
     i, j = sch.get_loops(y)
-    mb = _block(mp, cfg[M_BLOCK], mt)
+    mb = task_rows(w, cfg)
     nblk = np_ if out_qmax else _block(np_, cfg[N_BLOCK], nb * nv)
     io, ii = sch.split(i, [None, mb])
     jo, ji = sch.split(j, [None, nblk])

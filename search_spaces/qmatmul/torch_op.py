@@ -1,8 +1,9 @@
 """`torch.ops.autotune.qmatmul` and `QuantLinear`: how the quantized matmul appears in PyTorch.
 
-Kernels are compiled for (k, n, mode, bias, relu) and exactly their tuned M: a call of another M runs the
-smallest bucket that holds it, its rows zero-padded, or is split into chunks of the largest (see `run`). The op
-takes int8 tensors and has no gradient.
+Kernels are compiled for (k, n, mode, bias, relu). A CPU kernel runs any M (any whole number of its parallel
+tasks, the call's rows padded up to one: qmatmul's `call_dims`); a GPU kernel exactly its tuned M: a call of
+another M runs the smallest bucket that holds it, its rows zero-padded, or is split into chunks of the largest
+(see `run`). The op takes int8 tensors and has no gradient.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..template import ModuleRule, Route, TorchBinding
 from .checks import check, op_arguments
 from .workload import A_BITS, Workload, a_limits, a_range, inputs, qmatmul_reference, quantized
 
-__all__ = ["BINDING", "QuantLinear", "cases", "qmatmul", "quantize_rows", "run_chunk"]
+__all__ = ["BINDING", "QuantLinear", "any_size_on", "cases", "qmatmul", "quantize_rows", "run_chunk"]
 
 
 def qmatmul(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor, bias: Optional[Tensor] = None,
@@ -51,9 +52,11 @@ def route(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Tensor,
 
 
 def run_chunk(chunk: Any, a: Tensor, weight: Tensor, a_scale: Optional[Tensor], rest: list[Tensor]) -> Any:
-    """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows, zero-padded up to it: its output
-    (or each of its outputs, for qmatmul_requant's kernels) for those rows."""
-    rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
+    """Rows [start, stop) through a kernel tuned for `chunk.kernel.size` rows, zero-padded up to it unless it
+    serves any M (CPU kernels): its output (or each of its outputs, for qmatmul_requant's kernels) for those
+    rows."""
+    rows = chunk.stop - chunk.start
+    pad = 0 if chunk.kernel.any_size else chunk.kernel.size - rows  # any_size: the kernel pads what it needs
     if rows == a.shape[0]:  # the whole call: no views to make (each costs a dispatch)
         a_c, s_c = a, a_scale
     else:
@@ -77,6 +80,12 @@ def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Optional[Tens
     for chunk in chunks:
         out[chunk.start:chunk.stop] = run_chunk(chunk, a, weight, a_scale, rest)
     return out
+
+
+def any_size_on(device: str) -> bool:
+    """Whether this op's kernels on `device` serve any M: CPU kernels do (whole tasks), GPU kernels run their
+    tuned M."""
+    return not device.startswith("cuda")
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
@@ -192,6 +201,6 @@ def replayable(a: Tensor, weight: Tensor, a_scale: Optional[Tensor], w_scale: Te
 
 BINDING = TorchBinding(
     op=qmatmul, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.m,
-    any_size=False, describe=describe, cases=cases, replayable=replayable,
+    any_size=any_size_on, describe=describe, cases=cases, replayable=replayable,
     rules=(ModuleRule("nn.Linear(+ReLU) -> QuantLinear", _linear_to_quant, quantizes=True),),
     exports=(("QuantLinear", QuantLinear), ("quantize_rows", quantize_rows)))

@@ -233,8 +233,9 @@ def padded_inputs(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any]
 
     mp, kp, np_ = dims
     a, _weight, *rest = tensors
-    a = pad(a, (0, kp - w.k, 0, mp - w.m))  # whole tiles and kb groups: zero-padded activations
-    a_scale = [pad(rest.pop(0), (0, mp - w.m))] if quantized(w) else []
+    m = a.shape[0]  # the call's rows: the tuned M, or any M for kernels of any whole number of tasks
+    a = pad(a, (0, kp - w.k, 0, mp - m))  # whole tiles and kb groups: zero-padded activations
+    a_scale = [pad(rest.pop(0), (0, mp - m))] if quantized(w) else []
     per_channel = [pad(x, (0, np_ - w.n)) for x in rest]  # w_scale[, bias]
     return [a, *packed, *a_scale, *per_channel]
 
@@ -245,10 +246,11 @@ def padded_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], 
     import torch
 
     mp, _, np_ = dims
+    m = tensors[0].shape[0]
     args = padded_inputs(w, dims, packed, *tensors)
     out = torch.empty(mp, np_, dtype=torch.float32, device=args[0].device)
     # Padded rows and channels are computed and dropped: the caller gets an (M, N) view of the result.
-    return [*args, out], out if (mp, np_) == (w.m, w.n) else out[: w.m, : w.n]
+    return [*args, out], out if (mp, np_) == (m, w.n) else out[:m, : w.n]
 
 
 def traffic(w: Workload, *tensors: Any) -> Traffic:

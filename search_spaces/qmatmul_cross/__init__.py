@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..qmatmul import cpu as _qmatmul_cpu
+from ..qmatmul import call_dims, cpu as _qmatmul_cpu, scalar_args
 from ..space import Config
 from ..template import GraphRule, by_device
 from . import cpu
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..template import TorchBinding
 
 __all__ = ["DEVICE_KINDS", "DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines",
-           "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space",
+           "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "scalar_args", "space",
            "tolerance", "torch_binding", "traffic"]
 
 NAME = "qmatmul_cross"
@@ -44,7 +44,9 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
-    return _kernel_args(w, _qmatmul_cpu.padded(w, cfg), packed, *tensors)
+    dims, scalars = call_dims(w, cfg, tensors[0].shape[0])
+    args, out = _kernel_args(w, dims, packed, *tensors)
+    return [*args, *scalars], out
 
 
 def check_inputs(w: Workload, *tensors: Any) -> None:

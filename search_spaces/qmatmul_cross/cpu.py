@@ -21,11 +21,13 @@ def space(w: Workload, target: Any) -> Space:
 
 def compute(w: Workload, cfg: Config) -> Any:
     """Y = x0 * ((A @ W.T - comp) * a_scale * w_scale + bias) + x over the padded dims, the weight packed as the
-    config's layout; argument order (A, Wp, [comp], a_scale, w_scale, [bias], X0, X, Y)."""
+    config's layout; argument order (A, Wp, [comp], a_scale, w_scale, [bias], X0, X, Y, tasks)."""
     import tvm
     from tvm import te
 
-    mp, kp, np_ = _qmatmul.padded(w, cfg)
+    _, kp, np_ = _qmatmul.padded(w, cfg)
+    tasks = te.var("tasks")  # the kernel runs any whole number of tasks (qmatmul's call_dims)
+    mp = tasks * _qmatmul.task_rows(w, cfg)
     offset = _qmatmul._offset(w, cfg)  # u8 x s8 instructions: A + offset in, offset * sum_k W out
     A = te.placeholder((mp, kp), "uint8" if w.mode == "uint8" else "int8", name="A")
     Wp, weight = _qmatmul._packed_weight(w, cfg, kp, np_)
@@ -51,7 +53,7 @@ def compute(w: Workload, cfg: Config) -> Any:
         return y + bias[j] if bias is not None else y
 
     Y = te.compute((mp, np_), lambda i, j: x0[i, j] * product(i, j) + x[i, j], name="Y")
-    return tvm.IRModule({"main": te.create_prim_func(args + [x0, x, Y])})
+    return tvm.IRModule({"main": te.create_prim_func(args + [x0, x, Y, tasks])})
 
 
 def lower(w: Workload, cfg: Config, target: Any) -> Any:

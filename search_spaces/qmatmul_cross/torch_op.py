@@ -2,7 +2,7 @@
 bias) + x`, in one kernel.
 
 It takes qmatmul's int8 (or uint8) operands, then x0 and x (float32, one row per activation row). Kernels are
-compiled for (k, n, mode, bias, a_bits) and their tuned M; other M are padded or split, as qmatmul's. No gradient
+compiled for (k, n, mode, bias, a_bits) and serve any M (whole tasks, as qmatmul's CPU kernels). No gradient
 (int8 inference)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import dataclasses
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._torch_checks import fits, need, same_device_contiguous
@@ -64,33 +63,13 @@ def route(a: Tensor, weight: Tensor, a_scale: Tensor, w_scale: Tensor, bias: Opt
     return Route((k, n, mode_of(a), bias is not None, a_bits), a.shape[0])
 
 
-def _rows(t: Optional[Tensor], start: int, stop: int, pad: int, whole: bool) -> Optional[Tensor]:
-    """Rows [start, stop) of a per-row tensor (1-D scales or 2-D rows), zero-padded by `pad` rows."""
-    if t is None:
-        return None
-    t = t if whole else t[start:stop]
-    return F.pad(t, (0, pad) if t.dim() == 1 else (0, 0, 0, pad)) if pad else t
-
-
 def run(chunks: Sequence[Any], a: Tensor, weight: Tensor, a_scale: Tensor, w_scale: Tensor, bias: Optional[Tensor],
         x0: Tensor, x: Tensor, a_bits: int = 8, validate: bool = True) -> Tensor:
-    """Each chunk's rows through a kernel tuned for `chunk.kernel.size` rows: a, a_scale, x0 and x sliced alike
-    and zero-padded up to it (padded rows are computed and dropped)."""
+    """The whole call through one kernel: a CPU kernel runs any M (qmatmul's `call_dims` pads the rows up to
+    whole tasks; padded rows are computed and dropped)."""
+    (chunk,) = chunks  # any_size: the registry plans one chunk, the whole call
     per_channel = [w_scale] + ([] if bias is None else [bias])
-
-    def one(chunk: Any) -> Tensor:
-        rows, pad = chunk.stop - chunk.start, chunk.kernel.size - (chunk.stop - chunk.start)
-        whole = rows == a.shape[0]
-        a_c, s_c, x0_c, x_c = (_rows(t, chunk.start, chunk.stop, pad, whole) for t in (a, a_scale, x0, x))
-        out = chunk.kernel(a_c, weight, s_c, *per_channel, x0_c, x_c)
-        return out[:rows] if pad else out
-
-    if len(chunks) == 1:
-        return one(chunks[0]).contiguous()
-    out = a.new_empty(a.shape[0], weight.shape[0], dtype=torch.float32)
-    for chunk in chunks:
-        out[chunk.start:chunk.stop] = one(chunk)
-    return out
+    return chunk.kernel(a, weight, a_scale, *per_channel, x0, x).contiguous()
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
@@ -126,4 +105,4 @@ def op_call(w: Workload, tensors: Sequence[Tensor]) -> tuple[tuple[Any, ...], di
 
 BINDING = TorchBinding(
     op=qmatmul_cross, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.m,
-    any_size=False, describe=describe, cases=cases, replayable=replayable)
+    any_size=True, describe=describe, cases=cases, replayable=replayable)

@@ -76,7 +76,7 @@ def kernel_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], 
     shape is not whole tiles), and the (M, N) output the caller gets."""
     *operands, x0, x = tensors
     mp, _, np_ = dims
-    pad = (0, np_ - w.n, 0, mp - w.m)
+    pad = (0, np_ - w.n, 0, mp - x0.shape[0])
     tails = [x0, x] if not any(pad) else [_pad(t, pad) for t in (x0, x)]
     args, out = _qmatmul.padded_args(w, dims, packed, *operands)
     return [*args[:-1], *tails, args[-1]], out

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..qmatmul import pack as _pack, padded_dims
+from ..qmatmul import call_dims, pack as _pack, scalar_args
 from ..space import Config
 from ..template import GraphRule, TorchBinding, by_device
 from . import cpu, cuda
 from .workload import Workload, baselines, inputs, kernel_args as _kernel_args, reference, tolerance, traffic
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "check_inputs",
-           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "space", "tolerance",
+           "graph_rules", "inputs", "kernel_args", "lower", "pack", "reference", "scalar_args", "space", "tolerance",
            "torch_binding", "traffic"]
 
 NAME = "qmatmul_requant"
@@ -40,7 +40,9 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
-    return _kernel_args(w, padded_dims(w, cfg), packed, *tensors)
+    dims, scalars = call_dims(w, cfg, tensors[0].shape[0])
+    args, out = _kernel_args(w, dims, packed, *tensors)
+    return [*args, *scalars], out
 
 
 def check_inputs(w: Workload, *tensors: Any) -> None:

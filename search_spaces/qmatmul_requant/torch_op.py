@@ -2,7 +2,8 @@
 
 It takes qmatmul's operands (int8 activations with a_scale, or float32 ones for weight-only) and returns
 `(q, scale)` as `quantize_rows(qmatmul(...), out_qmax)` would, from one kernel. Kernels are compiled for
-(k, n, mode, bias, relu, a_bits, out_qmax) and their tuned M; other M are padded or split, as qmatmul's.
+(k, n, mode, bias, relu, a_bits, out_qmax); CPU kernels serve any M, GPU kernels their tuned M (other M padded
+or split), as qmatmul's.
 No gradient (int8 inference)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import Tensor
 
 from .._torch_checks import need
 from ..qmatmul.checks import check_operands
-from ..qmatmul.torch_op import cases as _qmatmul_cases, mode_of, replayable, run_chunk
+from ..qmatmul.torch_op import any_size_on, cases as _qmatmul_cases, mode_of, replayable, run_chunk
 from ..qmatmul.workload import qmatmul_reference
 from ..quantize_rows.workload import QMAX, QMIN
 from ..template import Route, TorchBinding
@@ -91,4 +92,4 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
 
 BINDING = TorchBinding(
     op=qmatmul_requant, fake=fake, check=check, route=route, run=run, compiled=compiled, size=lambda w: w.m,
-    any_size=False, describe=describe, cases=cases, replayable=replayable)
+    any_size=any_size_on, describe=describe, cases=cases, replayable=replayable)

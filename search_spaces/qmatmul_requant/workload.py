@@ -74,10 +74,11 @@ def kernel_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], 
     import torch
 
     mp, _, np_ = dims
+    m = tensors[0].shape[0]
     args = _qmatmul.padded_inputs(w, dims, packed, *tensors)
     q = torch.empty(mp, np_, dtype=torch.uint8 if w.out_qmax == UNSIGNED_QMAX else torch.int8, device=args[0].device)
     scale = torch.empty(mp, dtype=torch.float32, device=args[0].device)
-    out = (q, scale) if (mp, np_) == (w.m, w.n) else (q[: w.m, : w.n], scale[: w.m])
+    out = (q, scale) if (mp, np_) == (m, w.n) else (q[:m, : w.n], scale[:m])
     return [*args, q, scale], out
 
 

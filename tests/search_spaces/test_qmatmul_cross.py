@@ -91,6 +91,6 @@ def test_the_torch_op_serves_other_batch_sizes_through_the_tuned_kernel(tmp_path
             tensors = qc.inputs(w, seed=m)
             got = torch.ops.autotune.qmatmul_cross(*tensors)
             torch.testing.assert_close(got, qc.reference(w, *tensors), rtol=1e-5, atol=1e-4)
-        assert pkg.kernels[0].calls == 1 + 1 + 3  # 40 rows: two whole kernels and the rest padded
+        assert pkg.kernels[0].calls == 3  # one call each: the kernel runs any whole number of tasks
     finally:
         at.unload_all()

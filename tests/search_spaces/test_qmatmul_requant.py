@@ -99,7 +99,7 @@ def test_cpu_tasks_own_whole_rows_and_the_float_output_is_no_argument():
     names = [k.name for k in task.space.knobs]
     assert qcpu.N_BLOCK.name not in names and qcpu.M_BLOCK.name in names
     params = [p.name for p in task.lower(task.space.default())["main"].params]
-    assert params[-2:] == ["Q", "S"] and "Y" not in params
+    assert params[-3:] == ["Q", "S", "tasks"] and "Y" not in params  # tasks: any whole number (call_dims)
 
 
 def test_out_qmax_is_validated():

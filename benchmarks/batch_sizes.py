@@ -1,0 +1,84 @@
+"""A model tuned at one batch size, served at others: eager against ours at each size, as a server sees them.
+
+tune_model tunes at the example's batch, and the model it returns takes any batch; serving traffic brings
+whatever a request holds. Here examples/torchrec_dlrm.py's model (TorchRec's DLRM or DLRMv2, KJT inputs) is
+tuned once at --tune-batch (resuming from --log-dir), then timed at each of --sizes against eager: interleaved
+rounds, each call on a batch it has not seen in that round (a cycle of --fresh batches per size), medians; the
+error column is max |ours - eager| over those batches.
+
+    python -m benchmarks.batch_sizes [--model dcn] [--sizes 64 256 1000 2048] [--log-dir logs/local/torchrec]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from benchmarks.lib.example import torchrec_dlrm
+from benchmarks.lib.timing import interleaved
+
+
+def per_call(model: Callable[..., Any], batches: Sequence[tuple[Any, ...]], seconds: float) -> float:
+    """Median seconds of one call over the cycle of `batches`, called for about `seconds`."""
+    times: list[float] = []
+    stop = time.perf_counter() + seconds
+    while len(times) < len(batches) or time.perf_counter() < stop:
+        batch = batches[len(times) % len(batches)]
+        t0 = time.perf_counter()
+        model(*batch)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("dlrm", "dcn"), default="dcn")
+    p.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1000, 2048])
+    p.add_argument("--tune-batch", type=int, default=2048)
+    p.add_argument("--max-rows", type=int, default=None, help="cap on a table's rows (default: the example's)")
+    p.add_argument("--fp32", action="store_true", help="ours fp32-exact (quantize=False) instead of int8")
+    p.add_argument("--trials", type=int, default=8)
+    p.add_argument("--log-dir", default="logs/local/torchrec")
+    p.add_argument("--fresh", type=int, default=4, help="batches per size, cycled")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, size and round")
+    args = p.parse_args(argv)
+    if min(*args.sizes, args.tune_batch, args.trials, args.fresh, args.rounds) < 1 or (
+            args.max_rows is not None and args.max_rows < 1):
+        p.error("--sizes, --tune-batch, --max-rows, --trials, --fresh and --rounds take values >= 1")
+    import autotune.torch as at
+    from autotune.allocator import keep_freed_memory
+
+    keep_freed_memory()
+    ex = torchrec_dlrm()
+    torch.manual_seed(0)
+    model, rows = ex.build(args.model, args.max_rows)
+    pooling = ex.MODELS[args.model]["pooling"]
+    draw = lambda batch, seed: ex.make_batch(rows, pooling, batch, seed)  # noqa: E731
+    ours, _ = at.tune_model(model, draw(args.tune_batch, 0), log_dir=os.path.join(args.log_dir, args.model),
+                            trials=args.trials, quantize=not args.fp32,
+                            check_inputs=[draw(args.tune_batch, 1 + i) for i in range(2)],
+                            test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)], progress=False)
+    name = "ours fp32-exact" if args.fp32 else "ours int8"
+    print(f"\nTorchRec {type(model).__name__} tuned at batch {args.tune_batch}; {name} against eager, "
+          f"{args.fresh} fresh batches per size, median of {args.rounds} interleaved rounds\n")
+    print(f"| batch | eager ms | {name} ms | x eager | samples/s | max \\|out - eager\\| |")
+    print("|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        for size in args.sizes:
+            batches = [draw(size, 1000 * size + i) for i in range(args.fresh)]
+            error = max(float((ours(*b) - model(*b)).abs().max()) for b in batches)
+            times = interleaved({"eager": model, name: ours}, args.rounds,
+                                lambda f: per_call(f, batches, args.seconds))
+            eager, mine = statistics.median(times["eager"]), statistics.median(times[name])
+            print(f"| {size} | {eager * 1e3:.2f} | {mine * 1e3:.2f} | {eager / mine:.2f} | {size / mine:,.0f} | "
+                  f"{error:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""benchmarks/batch_sizes.py: a model tuned at one batch size, timed at others against eager."""
+
+import pytest
+
+from benchmarks import batch_sizes as bench
+
+
+def test_per_call_times_each_batch_of_the_cycle_at_least_once():
+    seen = []
+    median = bench.per_call(lambda x: seen.append(x), [(1,), (2,), (3,)], seconds=0.0)
+    assert seen == [1, 2, 3] and median >= 0
+
+
+@pytest.mark.parametrize("flags", [["--sizes", "64", "0"], ["--tune-batch", "0"], ["--max-rows", "0"],
+                                   ["--trials", "0"], ["--fresh", "0"], ["--rounds", "0"]])
+def test_values_below_one_are_refused_saying_why(flags, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(flags)
+    assert "take values >= 1" in capsys.readouterr().err
