@@ -223,14 +223,28 @@ def padded_weight(w: Workload, dims: tuple[int, int, int], weight: Any) -> Any:
     return wp
 
 
+def zero_padded(x: Any, widths: tuple[int, ...]) -> Any:
+    """`x` zero-padded at the end of its dimensions by `widths` (F.pad's order: the last dimension first, (0,
+    after) pairs), written once: the copy, then zeros in the padding alone (F.pad fills it all first: a second
+    pass over a padded batch of float32 cross state). `x` itself where nothing is padded."""
+    if not any(widths):
+        return x
+    if any(widths[0::2]):
+        raise ValueError(f"zero_padded pads at the end only, got {widths}")
+    after = [widths[2 * (x.dim() - 1 - d) + 1] if 2 * (x.dim() - 1 - d) + 1 < len(widths) else 0
+             for d in range(x.dim())]
+    out = x.new_empty([size + extra for size, extra in zip(x.shape, after)])
+    out[tuple(slice(0, size) for size in x.shape)] = x
+    for d, extra in enumerate(after):
+        if extra:
+            out[(slice(None),) * d + (slice(x.shape[d], None),)] = 0
+    return out
+
+
 def padded_inputs(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], *tensors: Any) -> list[Any]:
     """The kernel's input arguments from reference-order tensors with the weight already packed, for a kernel
     computing the padded `dims` (mp, kp, np_): (A, *packed, a_scale?, w_scale, bias?)."""
-    import torch
-
-    def pad(x: Any, widths: tuple[int, ...]) -> Any:  # copies only when the shape is not whole tiles
-        return torch.nn.functional.pad(x, widths) if any(widths) else x
-
+    pad = zero_padded  # copies only when the shape is not whole tiles
     mp, kp, np_ = dims
     a, _weight, *rest = tensors
     m = a.shape[0]  # the call's rows: the tuned M, or any M for kernels of any whole number of tasks

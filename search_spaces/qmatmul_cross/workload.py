@@ -77,15 +77,9 @@ def kernel_args(w: Workload, dims: tuple[int, int, int], packed: Sequence[Any], 
     *operands, x0, x = tensors
     mp, _, np_ = dims
     pad = (0, np_ - w.n, 0, mp - x0.shape[0])
-    tails = [x0, x] if not any(pad) else [_pad(t, pad) for t in (x0, x)]
+    tails = [_qmatmul.zero_padded(t, pad) for t in (x0, x)]
     args, out = _qmatmul.padded_args(w, dims, packed, *operands)
     return [*args[:-1], *tails, args[-1]], out
-
-
-def _pad(t: Any, widths: tuple[int, ...]) -> Any:
-    import torch
-
-    return torch.nn.functional.pad(t, widths)
 
 
 def traffic(w: Workload, *tensors: Any) -> Traffic:

@@ -417,3 +417,17 @@ def test_cuda_kernels_match_the_reference_when_emulated(fields, changes):
     for change in changes:
         cfg = task.space.make({**task.space.default().to_json(), **change})
         torch.testing.assert_close(run_emulated(task, cfg, tensors), ref, rtol=rtol, atol=atol, msg=str(cfg))
+
+
+@pytest.mark.parametrize("shape, widths", [((5, 7), (0, 3, 0, 2)), ((5, 7), (0, 0, 0, 2)), ((5, 7), (0, 3)),
+                                           ((5,), (0, 4)), ((5, 7), (0, 0, 0, 0))])
+def test_zero_padded_is_f_pad_at_the_end_written_once(shape, widths):
+    import torch.nn.functional as F
+
+    from search_spaces.qmatmul.workload import zero_padded
+
+    x = torch.randn(*shape)
+    assert torch.equal(zero_padded(x, widths), F.pad(x, widths))
+    assert zero_padded(x, (0, 0)) is x
+    with pytest.raises(ValueError, match="at the end only"):
+        zero_padded(x, (1, 0))
