@@ -145,18 +145,23 @@ def test_embedding_bag_options_run_their_kernels(pkg):
 
 
 # ---- dispatch: buckets and fallback --------------------------------------------------------------------------
-@pytest.mark.parametrize("m, size", [(8, 8), (5, 8), (20, 32), (32, 32), (75, 32)])
-def test_qmatmul_on_cpus_runs_the_nearest_bucket_for_the_whole_call(pkg, m, size):
-    """A CPU kernel runs any whole number of its tasks (the rows padded up to one): one call, whatever M."""
+def _qmatmul_op_matches_the_reference(m):
+    """The op on m rows (k 32, n 16) through a kernel: contiguous, and as the reference computes it."""
     a, wq, a_s, w_s, bias = qmm_inputs(m, seed=m)
-    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), m)
-    assert [(c.kernel.size, c.start, c.stop) for c in plan] == [(size, 0, m)]
     with _errors_on_fallback():
         out = QMM(a, wq, a_s, w_s, bias)
     ref = search_spaces.get("qmatmul").reference(search_spaces.get("qmatmul").Workload(m=m, k=32, n=16),
                                                  a, wq, a_s, w_s, bias)
     assert out.is_contiguous()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, size", [(8, 8), (5, 8), (20, 32), (32, 32), (75, 32)])
+def test_qmatmul_on_cpus_runs_the_nearest_bucket_for_the_whole_call(pkg, m, size):
+    """A CPU kernel runs any whole number of its tasks (the rows padded up to one): one call, whatever M."""
+    plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), m)
+    assert [(c.kernel.size, c.start, c.stop) for c in plan] == [(size, 0, m)]
+    _qmatmul_op_matches_the_reference(m)
     assert calls(pkg, "qmatmul") == 1
 
 
@@ -175,15 +180,9 @@ def fixed_size(pkg, monkeypatch):
 
 @pytest.mark.parametrize("m, sizes", [(8, [8]), (5, [8]), (20, [32]), (32, [32]), (75, [32, 32, 32])])
 def test_fixed_size_kernels_run_the_bucket_that_fits_padded_or_split(fixed_size, m, sizes):
-    a, wq, a_s, w_s, bias = qmm_inputs(m, seed=m)
     plan = at.REGISTRY.plan("qmatmul", "cpu", (32, 16, "int8", True, False, 8), m)
     assert [c.kernel.size for c in plan] == sizes and plan[-1].stop == m
-    with _errors_on_fallback():
-        out = QMM(a, wq, a_s, w_s, bias)
-    ref = search_spaces.get("qmatmul").reference(search_spaces.get("qmatmul").Workload(m=m, k=32, n=16),
-                                                 a, wq, a_s, w_s, bias)
-    assert out.is_contiguous()
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    _qmatmul_op_matches_the_reference(m)
     assert calls(fixed_size, "qmatmul") == len(sizes)
 
 
