@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if min(*args.sizes, args.tune_batch, args.trials, args.fresh, args.rounds) < 1 or (
             args.max_rows is not None and args.max_rows < 1):
         p.error("--sizes, --tune-batch, --max-rows, --trials, --fresh and --rounds take values >= 1")
+    try:
+        import torchrec  # noqa: F401  (the models are TorchRec's)
+    except ImportError as err:
+        p.exit(2, f"torchrec is not installed ({err}): `make .venv/.torchrec` installs the optional extra\n")
     import autotune.torch as at
     from autotune.allocator import keep_freed_memory
 
@@ -63,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ours, _ = at.tune_model(model, draw(args.tune_batch, 0), log_dir=os.path.join(args.log_dir, args.model),
                             trials=args.trials, quantize=not args.fp32,
                             check_inputs=[draw(args.tune_batch, 1 + i) for i in range(2)],
-                            test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)], progress=False)
+                            test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)])
     name = "ours fp32-exact" if args.fp32 else "ours int8"
     print(f"\nTorchRec {type(model).__name__} tuned at batch {args.tune_batch}; {name} against eager, "
           f"{args.fresh} fresh batches per size, median of {args.rounds} interleaved rounds\n")

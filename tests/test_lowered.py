@@ -43,3 +43,24 @@ def test_a_log_that_is_no_file_is_refused_not_proven_empty(tmp_path, capsys):
     assert exit_.value.code == 2 and "nope.jsonl" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         list(lowered.fingerprints([missing]))
+
+
+def test_specialized_binds_a_kernels_task_count_at_the_records_workload():
+    """qmatmul's CPU kernels take their number of tasks; --specialized binds it at the tuned M, so the module
+    compared is the kernel the record measured (its buffers of the tuned padded rows, no free variable)."""
+    import search_spaces
+    from autotune import records
+    from search_spaces.template import target_from_json
+
+    r = next(iter(records.load(SHIPPED)))
+    template = search_spaces.get(r.op)
+    w = template.Workload.from_json(r.workload)
+    target = target_from_json(r.target)
+    cfg = template.space(w, target).from_json(r.config)
+    mod = template.lower(w, cfg, target)
+    assert mod["main"].params[-1].name == "tasks"
+    func = lowered._specialized(mod, template.scalar_args, w, cfg)["main"]
+    mp, kp, _ = template.padded_dims(w, cfg)
+    script = func.script()
+    assert "tasks" not in [p.name for p in func.params] and "tasks" not in script
+    assert f"A: T.Buffer(({mp}, {kp}), " in script

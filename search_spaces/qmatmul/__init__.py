@@ -8,7 +8,7 @@ cuda.py.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..space import Config, InvalidConfig, Space
 from ..template import GraphRule, TorchBinding, is_gpu
@@ -17,7 +17,7 @@ from .workload import Workload, baselines, inputs, padded_args, reference, toler
 
 __all__ = ["DOC", "EXAMPLE_SHAPE", "NAME", "TEST_SHAPE", "WEIGHTS", "Workload", "baselines", "call_dims",
            "check_inputs", "graph_rules", "inputs", "kernel_args", "lower", "pack", "padded_dims", "reference",
-           "scalar_args", "space", "tolerance", "torch_binding", "traffic"]
+           "scalar_args", "sized_args", "space", "tolerance", "torch_binding", "traffic"]
 
 NAME = "qmatmul"
 DOC = "int8 x int8 -> int32 matmul with a fused dequant/bias/ReLU epilogue; or int8 weight-only"
@@ -48,8 +48,16 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
     """Kernel arguments from reference-order tensors with the weight already packed by `pack`."""
+    return sized_args(padded_args, w, cfg, packed, *tensors)
+
+
+def sized_args(padded: Callable[..., tuple[list[Any], Any]], w: Workload, cfg: Config, packed: Sequence[Any],
+               *tensors: Any) -> tuple[list[Any], Any]:
+    """`padded(w, dims, packed, *tensors)` (a template's arguments and output for padded dims) for the call's rows
+    (`call_dims`, from the first tensor's), then the kernel's trailing integer arguments: the kernel_args of
+    qmatmul and of the templates on its kernel."""
     dims, scalars = call_dims(w, cfg, tensors[0].shape[0])
-    args, out = padded_args(w, dims, packed, *tensors)
+    args, out = padded(w, dims, packed, *tensors)
     return [*args, *scalars], out
 
 

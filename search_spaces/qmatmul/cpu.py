@@ -115,7 +115,7 @@ def tile_rows(cfg: Config) -> int:
 
 def task_rows(w: Workload, cfg: Config) -> int:
     """Rows per parallel task: m_block rounded down to whole register tiles dividing the tuned M's padded rows.
-    A kernel takes any whole number of tasks (`rows`); other M are padded up to one."""
+    A kernel runs any whole number of tasks (its last argument): a call's rows are padded up to one."""
     mp = round_up(w.m, tile_rows(cfg))
     return _block(mp, cfg[M_BLOCK], tile_rows(cfg))
 

@@ -98,8 +98,8 @@ def describe(signature: tuple[Any, ...]) -> str:
 
 
 def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    """The tuned M, M of 1, one below and above it (not whole tiles: padded), above twice it (split), zero and
-    extreme int8 activations and weights, and `count` random M."""
+    """The tuned M, M of 1, one below and above it (not whole tiles: padded), above twice it (split on GPUs),
+    zero and extreme int8 activations and weights, and `count` random M."""
 
     def call(name: str, m: int, s: int, fill: tuple[int, int] | None = None
              ) -> tuple[str, tuple[Any, ...], dict[str, Any]]:

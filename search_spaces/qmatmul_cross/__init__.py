@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..qmatmul import call_dims, cpu as _qmatmul_cpu, scalar_args
+from ..qmatmul import cpu as _qmatmul_cpu, scalar_args, sized_args
 from ..space import Config
 from ..template import GraphRule, by_device
 from . import cpu
@@ -44,9 +44,7 @@ def pack(w: Workload, cfg: Config, weight: Any) -> tuple[Any, ...]:
 
 
 def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], *tensors: Any) -> tuple[list[Any], Any]:
-    dims, scalars = call_dims(w, cfg, tensors[0].shape[0])
-    args, out = _kernel_args(w, dims, packed, *tensors)
-    return [*args, *scalars], out
+    return sized_args(_kernel_args, w, cfg, packed, *tensors)
 
 
 def check_inputs(w: Workload, *tensors: Any) -> None:
