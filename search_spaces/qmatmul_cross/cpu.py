@@ -1,5 +1,6 @@
 """qmatmul_cross on CPUs: qmatmul's register-tiled kernel (qmatmul/cpu.py: knobs, packing, schedule) whose
-epilogue block `Y` also reads x0 and x, so the cross layer's float32 product never leaves the register tile.
+epilogue block `Y` also reads x0 and x (float32 or bfloat16 state), so the cross layer's float32 product never
+leaves the register tile.
 
 The reduction is defined here, not by a parameter of qmatmul's compute: a change to qmatmul's modules would make
 every shipped qmatmul and qmatmul_requant record stale (search_spaces/version.py), on GPUs too. Its blocks and
@@ -21,7 +22,8 @@ def space(w: Workload, target: Any) -> Space:
 
 def compute(w: Workload, cfg: Config) -> Any:
     """Y = x0 * ((A @ W.T - comp) * a_scale * w_scale + bias) + x over the padded dims, the weight packed as the
-    config's layout; argument order (A, Wp, [comp], a_scale, w_scale, [bias], X0, X, Y, tasks)."""
+    config's layout, x0, x and Y of the state's dtype; argument order (A, Wp, [comp], a_scale, w_scale, [bias],
+    X0, X, Y, tasks)."""
     import tvm
     from tvm import te
 
@@ -45,14 +47,20 @@ def compute(w: Workload, cfg: Config) -> Any:
     args += [a_scale, w_scale]
     bias = te.placeholder((np_,), "float32", name="bias") if w.bias else None
     args += [bias] if bias is not None else []
-    x0, x = te.placeholder((mp, np_), "float32", name="X0"), te.placeholder((mp, np_), "float32", name="X")
+    x0, x = te.placeholder((mp, np_), w.state, name="X0"), te.placeholder((mp, np_), w.state, name="X")
 
     def product(i: Any, j: Any) -> Any:
         c = (acc[i, j] - comp[j]) if offset else acc[i, j]
         y = c.astype("float32") * a_scale[i] * w_scale[j]
         return y + bias[j] if bias is not None else y
 
-    Y = te.compute((mp, np_), lambda i, j: x0[i, j] * product(i, j) + x[i, j], name="Y")
+    def tail(i: Any, j: Any) -> Any:
+        if w.state == "float32":
+            return x0[i, j] * product(i, j) + x[i, j]
+        # 16-bit state: widened (exact), the tail in float32, rounded once as stored
+        return (x0[i, j].astype("float32") * product(i, j) + x[i, j].astype("float32")).astype(w.state)
+
+    Y = te.compute((mp, np_), tail, name="Y")
     return tvm.IRModule({"main": te.create_prim_func(args + [x0, x, Y, tasks])})
 
 

@@ -83,8 +83,10 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
     NQ = NV // QU
 
     def value(x: Any, c: Any, vr: Any, col: Any) -> Any:
-        """x[vr, col], times its column's factor where the workload smooths (rounded as PyTorch's multiply)."""
-        return x[vr, col] if c is None else x[vr, col] * c[col]
+        """x[vr, col] as float32 (bfloat16 widened, exact), times its column's factor where the workload smooths
+        (rounded as PyTorch's multiply)."""
+        v = x[vr, col] if w.dtype == "float32" else T.Cast("float32", x[vr, col])
+        return v if c is None else v * c[col]
 
     def read(x: Any, c: Any, vr: Any) -> list[Any]:
         return [x[vr, 0:C]] + ([] if c is None else [c[0:C]])
@@ -149,7 +151,7 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
         def main(x_: T.handle, c_: T.handle, q_: T.handle, s_: T.handle):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
             B = T.int64()
-            x = T.match_buffer(x_, (B, C), "float32")
+            x = T.match_buffer(x_, (B, C), w.dtype)
             c = T.match_buffer(c_, (C,), "float32")
             q = T.match_buffer(q_, (B, C), "int8")
             scale = T.match_buffer(s_, (B,), "float32")
@@ -159,7 +161,7 @@ def compute(w: Workload, lanes: int = 8, max_chains: int = 2, quant_unroll: int 
         def main(x_: T.handle, q_: T.handle, s_: T.handle):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
             B = T.int64()
-            x = T.match_buffer(x_, (B, C), "float32")
+            x = T.match_buffer(x_, (B, C), w.dtype)
             q = T.match_buffer(q_, (B, C), "int8")
             scale = T.match_buffer(s_, (B,), "float32")
             rows(x, None, q, scale, B)

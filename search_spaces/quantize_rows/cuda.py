@@ -38,9 +38,12 @@ def _next_pow2(n: int) -> int:
 
 def space(w: Workload, target: Any) -> Space:
     """The CUDA knob space: threads beyond the row's width (rounded up to a warp) would idle. No smoothing
-    factors: on GPUs a smoothed layer's input is multiplied before this kernel (qmatmul's graph rule)."""
+    factors and no bfloat16 rows: on GPUs a smoothed layer's input is multiplied before this kernel, and int8
+    layers keep float32 activations (qmatmul's graph rule)."""
     if w.smooth:
         raise InvalidConfig("quantize_rows: smoothing factors are fused on CPUs only (smooth=0 on GPUs)")
+    if w.dtype != "float32":
+        raise InvalidConfig(f"quantize_rows: {w.dtype} rows are read on CPUs only (dtype=float32 on GPUs)")
     threads = [t for t in THREADS.options if t <= max(32, _next_pow2(w.cols))]
     return Space(
         [THREADS.only(threads), ROWS_PER_BLOCK],

@@ -25,7 +25,8 @@ def quantize_rows(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, 
                   ) -> tuple[Tensor, Tensor]:
     """Symmetric int8 per row of a (rows, cols) float32 x: (q = round(x / scale) in [-qmax, qmax] (half to
     even), scale = max(max |x_row|, 1e-12) / qmax, float32 (rows,)). qmax=63: 7-bit activations. `smooth`
-    (cols,): x * smooth is quantized instead, in the same pass (a smoothed int8 layer's input, SmoothQuant)."""
+    (cols,): x * smooth is quantized instead, in the same pass (a smoothed int8 layer's input, SmoothQuant).
+    bfloat16 x (CPUs): the result of `x.float()`'s, without that copy."""
     return _quantize_rows(x, qmax, smooth)
 
 
@@ -37,11 +38,15 @@ def fake(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, validate:
 def route(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, validate: bool = True) -> Route | str:
     if x.dim() != 2:  # validate=False skips check: route must not index a shape that is not there
         return f"x must be 2-D, got shape {tuple(x.shape)}"
-    if x.dtype != torch.float32 or not x.is_contiguous():
-        return f"kernels take contiguous float32, got {x.dtype}" + ("" if x.is_contiguous() else " (strided)")
-    if smooth is not None and x.device.type != "cpu":
-        return "smoothing factors are fused on CPUs only"
-    return Route((x.shape[1], qmax, smooth is not None), x.shape[0])
+    if x.dtype not in _DTYPES or not x.is_contiguous():
+        return f"kernels take contiguous float32 or bfloat16, got {x.dtype}" + (
+            "" if x.is_contiguous() else " (strided)")
+    if (smooth is not None or x.dtype is not torch.float32) and x.device.type != "cpu":
+        return "smoothing factors and bfloat16 rows are CPU kernels' only"
+    return Route((x.shape[1], qmax, smooth is not None, _DTYPES[x.dtype]), x.shape[0])
+
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 def run(chunks: Sequence[Any], x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None,
@@ -51,17 +56,18 @@ def run(chunks: Sequence[Any], x: Tensor, qmax: int = QMAX, smooth: Optional[Ten
 
 
 def compiled(w: Workload) -> tuple[Any, ...]:
-    return (w.cols, w.qmax, w.smooth)
+    return (w.cols, w.qmax, w.smooth, w.dtype)
 
 
 def describe(signature: tuple[Any, ...]) -> str:
-    cols, qmax, smooth = signature
-    return f"cols={cols} qmax={qmax}" + (" smooth" if smooth else "")
+    cols, qmax, smooth, dtype = signature
+    return f"cols={cols} qmax={qmax}" + (" smooth" if smooth else "") + ("" if dtype == "float32" else f" {dtype}")
 
 
 def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     """The tuned rows, one row and one past the tuned rows, a zero row (the 1e-12 clamp), huge and tiny
-    magnitudes, quotients exactly on .5 (half to even) and at the ends of the range, and `count` random rows."""
+    magnitudes, quotients exactly on .5 (half to even) and at the ends of the range, and `count` random rows;
+    each x of the workload's dtype."""
 
     def x_of(rows: int, s: int) -> Tensor:
         return inputs(dataclasses.replace(w, rows=rows), s)[0]
@@ -69,7 +75,7 @@ def cases(w: Workload, seed: int, count: int) -> Iterable[tuple[str, tuple[Any, 
     factors = inputs(w, seed)[1] if w.smooth else None  # one set of factors: a model's are fixed
 
     def call(name: str, x: Tensor) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-        return name, (x,), {"qmax": w.qmax, **({"smooth": factors} if w.smooth else {})}
+        return name, (x.to(getattr(torch, w.dtype)),), {"qmax": w.qmax, **({"smooth": factors} if w.smooth else {})}
 
     rng = random.Random(seed)
     out = [call(f"rows={r}" + (" (tuned)" if r == w.rows else ""), x_of(r, seed + i))

@@ -11,7 +11,9 @@ reproduces PyTorch bit for bit: the tolerance is zero. Multiplying by the recipr
 bit of x / scale, which moves q by one where the quotient sits at a .5 boundary. Inputs are finite: NaN and
 infinities have no meaningful int8 image (PyTorch's cast of NaN is undefined). With `smooth`, x is first
 multiplied by a float32 factor per column (one rounding, as `x * smooth` in PyTorch): a smoothed int8 layer's
-input (SmoothQuant) quantized in the same pass, the product never written.
+input (SmoothQuant) quantized in the same pass, the product never written. With `dtype="bfloat16"` x is bfloat16
+rows (a DCN cross network's state stored in 16 bits, qmatmul/graph.py), widened to float32 exactly as read: the
+result is that of the float32 rows `x.float()`. CPUs only.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ QMAX = 127  # the default symmetric range [-127, 127]: -128 is never produced, s
 # before qmax came second) turns into; refusing it makes that call an error instead of silently ternary output.
 QMIN = 2
 EPS = 1e-12  # smallest row max: an all-zero row gets a tiny positive scale (and q = 0), not a division by 0
+DTYPES = ("float32", "bfloat16")  # what x may be (bfloat16 on CPUs only)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,10 @@ class Workload(_Workload):
     # x's columns multiplied by a factor each before quantizing (SmoothQuant's 1/s for the next int8 layer,
     # fused: the product is rounded as PyTorch's multiply rounds it, and never written out)
     smooth: bool = False
+    # x's dtype: bfloat16 rows are widened to float32 as they are read (exact), half float32's traffic
+    dtype: str = "float32"
+
+    KEY_DEFAULTS = {"dtype": "float32"}  # records older than the field meant float32 rows
 
     def __post_init__(self) -> None:
         for name in ("rows", "cols", "qmax"):
@@ -52,15 +59,19 @@ class Workload(_Workload):
             raise WorkloadError(f"qmax must be in [{QMIN}, {QMAX}] (q is int8, symmetric), got {self.qmax}")
         if not isinstance(self.smooth, bool):
             raise WorkloadError(f"smooth must be a bool, got {self.smooth!r}")
+        if self.dtype not in DTYPES:
+            raise WorkloadError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
 def quantize_rows(x: Any, qmax: int = QMAX, smooth: Any = None) -> tuple[Any, Any]:
-    """The semantics on a tensor (any rows, device): (q int8 in [-qmax, qmax], scale float32 per row) of x, or of
-    `x * smooth` (a factor per column) where given.
+    """The semantics on a tensor (any rows, device): (q int8 in [-qmax, qmax], scale float32 per row) of x (bfloat16
+    rows as `x.float()`), or of `x * smooth` (a factor per column) where given.
 
     The torch op's PyTorch implementation and the reference kernels are checked against."""
     import torch
 
+    if x.dtype == torch.bfloat16:
+        x = x.float()  # exact; the scale and quotients are float32 arithmetic, not bfloat16's
     if smooth is not None:
         x = x * smooth
 
@@ -73,12 +84,12 @@ def quantize_rows(x: Any, qmax: int = QMAX, smooth: Any = None) -> tuple[Any, An
 
 def inputs(w: Workload, seed: int = 0) -> tuple[Any, ...]:
     """(x,): activations of mixed magnitude per row (rows' scales differ by orders of magnitude, as after a
-    layer whose units fire unevenly), torch float32 on the CPU."""
+    layer whose units fire unevenly), torch tensors of the workload's dtype on the CPU."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     magnitude = torch.pow(10.0, torch.empty(w.rows, 1).uniform_(-3, 3, generator=gen))
-    x = torch.randn(w.rows, w.cols, generator=gen) * magnitude
+    x = (torch.randn(w.rows, w.cols, generator=gen) * magnitude).to(getattr(torch, w.dtype))
     # smoothing factors as SmoothQuant's span: a decade each way
     return (x, torch.pow(10.0, torch.empty(w.cols).uniform_(-1, 1, generator=gen))) if w.smooth else (x,)
 
@@ -117,9 +128,11 @@ def kernel_args(w: Workload, cfg: Config, packed: Sequence[Any], x: Any, smooth:
 
 
 def traffic(w: Workload, x: Any, smooth: Any = None) -> Traffic:
-    """Bytes that must cross the bus once: x read (4 B), q written (1 B), one scale per row (4 B), the factors."""
+    """Bytes that must cross the bus once: x read (4 B, 2 in bfloat16), q written (1 B), one scale per row (4 B),
+    the factors."""
     rows = x.shape[0]
-    return Traffic(bytes=float(rows * w.cols * 5 + rows * 4 + (w.cols * 4 if w.smooth else 0)), ops=0.0,
+    per_value = (2 if w.dtype == "bfloat16" else 4) + 1
+    return Traffic(bytes=float(rows * w.cols * per_value + rows * 4 + (w.cols * 4 if w.smooth else 0)), ops=0.0,
                    unit="GB/s")
 
 

@@ -112,6 +112,9 @@ SHAPES = {
                                               dict(lanes=16, rows_per_task=4, quant_unroll=1),
                                               dict(rows_per_task=8), dict(rows_per_task=32), dict(rows_per_task=64)]),
     "7-bit": (dict(rows=9, cols=37, qmax=63), [dict(lanes=4, quant_unroll=1)]),  # vectors and tail clamp at 63
+    # bfloat16 rows (a DCN's cross state) widened as read, vectors and tail, smoothed too
+    "bfloat16": (dict(rows=9, cols=37, dtype="bfloat16"), [dict(lanes=16, max_chains=1, quant_unroll=1)]),
+    "bfloat16-smoothed": (dict(rows=6, cols=64, dtype="bfloat16", smooth=True), []),
 }
 
 
@@ -120,13 +123,13 @@ def test_cpu_kernels_are_bit_exact_for_every_knob_value(shape, changes):
     task = make_task("quantize_rows", "cpu", **shape)
     default = task.space.default().to_json()
     configs = [task.space.default(), *(task.space.make({**default, **change}) for change in changes)]
-    cases = inputs_of_every_case(task.workload)
+    cases = list(BINDING.cases(task.workload, 3, 2))
     for cfg in configs:
         func = compile_module(task, cfg)["main"]
-        for name, x in cases:
-            args, out = qr.kernel_args(task.workload, cfg, (), x)
+        for name, (x,), kwargs in cases:
+            args, out = qr.kernel_args(task.workload, cfg, (), x, kwargs.get("smooth"))
             func(*args)
-            exact(out, qr.reference(task.workload, x), f"{cfg} {name}")
+            exact(out, qr.reference(task.workload, x, kwargs.get("smooth")), f"{cfg} {name}")
 
 
 def test_the_configs_above_cover_every_cpu_knob_value(host):
@@ -218,7 +221,8 @@ def test_fma_quotient_is_the_ieee_division_bit_for_bit(host):
 
 # ---- the torch op -------------------------------------------------------------------------------------------
 KERNELS = [("quantize_rows", dict(rows=8, cols=32)), ("quantize_rows", dict(rows=8, cols=32, qmax=63)),
-           ("quantize_rows", dict(rows=8, cols=32, smooth=True)), ("qmatmul", dict(m=8, k=32, n=16))]
+           ("quantize_rows", dict(rows=8, cols=32, smooth=True)), ("quantize_rows", dict(rows=8, cols=32, dtype="bfloat16")),
+           ("qmatmul", dict(m=8, k=32, n=16))]
 W = qr.Workload(rows=8, cols=32)  # the op's cases: several batches, a zero row, extremes, .5 boundaries
 W7 = qr.Workload(rows=8, cols=32, qmax=63)  # the same width, 7-bit: a kernel of its own
 
@@ -280,7 +284,7 @@ def test_torch_op_routes_each_range_to_its_own_kernel(pkg):
     the 7-bit kernel, never the full-range one of the same width, positionally or by keyword."""
     cases = list(BINDING.cases(W7, 3, 2))
     assert all(kwargs == {"qmax": 63} for _, _, kwargs in cases)
-    assert all(BINDING.route(*args, **kwargs).signature == BINDING.compiled(W7) == (32, 63, False)
+    assert all(BINDING.route(*args, **kwargs).signature == BINDING.compiled(W7) == (32, 63, False, "float32")
                for _, args, kwargs in cases)
     with warnings.catch_warnings():
         warnings.simplefilter("error", at.NoTunedKernelWarning)
@@ -320,6 +324,30 @@ def test_smoothing_factors_are_multiplied_in_the_same_pass_as_pytorch_multiplies
         qr.check_inputs(W, x, factors)
     with pytest.raises(InvalidConfig, match="CPUs only"):
         cuda.space(ws, None)
+
+
+def test_bfloat16_rows_run_their_own_kernel_and_quantize_as_their_float32_widening(pkg):
+    """bfloat16 x (a DCN's cross state): its kernel, and no other, serves it, bit for bit the quantization of
+    `x.float()`; the float32 kernel of the same width keeps float32 calls; GPUs and other 16-bit types refused."""
+    wb = qr.Workload(rows=8, cols=32, dtype="bfloat16")
+    cases = list(BINDING.cases(wb, 3, 2))
+    assert all(args[0].dtype == torch.bfloat16 for _, args, _ in cases)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", at.NoTunedKernelWarning)
+        for name, (x,), kwargs in cases:
+            exact(QR(x, **kwargs), quantize_rows(x.float()), name)
+        exact(QR(cases[0][1][0].float()), quantize_rows(cases[0][1][0].float()), "float32")
+    assert calls(pkg, "quantize_rows", dtype="bfloat16") == len(cases)
+    assert calls(pkg, "quantize_rows", dtype="float32") == 1
+    with pytest.raises(InvalidDtype, match="float32 .or bfloat16 on a CPU., got torch.float16"):
+        QR(torch.randn(4, 32, dtype=torch.float16))
+    with pytest.raises(InvalidDtype, match="reads bfloat16 rows, got torch.float32"):
+        qr.check_inputs(wb, torch.randn(4, 32))
+    with pytest.raises(InvalidConfig, match="CPUs only"):
+        cuda.space(wb, None)
+    with pytest.raises(WorkloadError, match="dtype must be one of float32, bfloat16"):
+        qr.Workload(rows=8, cols=32, dtype="float16")
+    assert "dtype" not in W.key() and '"dtype":"bfloat16"' in wb.key()  # older records keep their keys
 
 
 def test_torch_op_takes_the_range_on_the_pytorch_fallback():
