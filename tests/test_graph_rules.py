@@ -551,20 +551,89 @@ class CrossWithLinears(nn.Module):
         return x0 + self.w(self.v(x0)) * x0
 
 
-@pytest.mark.parametrize("model, n, bias_add", [(LowRankCross(), 96, True), (CrossWithLinears(), 64, False)])
+@pytest.mark.parametrize("model, n, bias_add", [(LowRankCross(layers=1), 96, True), (CrossWithLinears(), 64, False)])
 def test_a_dcn_cross_layer_ends_its_int8_chain_in_qmatmul_cross(model, n, bias_add):
-    """Each cross layer's V -> W chain ends in qmatmul_cross, the tail (bias, product with x0, residual) its
-    epilogue: no elementwise op of the tail is left in the graph; a second layer reads the first's output."""
+    """A lone cross layer's V -> W chain ends in qmatmul_cross, the tail (bias, product with x0, residual) its
+    epilogue: no elementwise op of the tail is left in the graph; its state stays float32."""
     args = (torch.randn(16, n),)
     gm = capture(model, args)
     matches, _ = run_rule(gm, args, "qmatmul")
-    layers = len(getattr(model, "V", [None]))
-    assert len(matches) == layers and all("qmatmul_cross" in m.what for m in matches)
-    ops = ["quantize_rows", "qmatmul_requant", "qmatmul_cross"]
-    assert [[op for op, _ in m.tasks] for m in matches] == [ops] * layers
-    assert all(dict(m.tasks[-1][1])["bias"] for m in matches)
+    assert len(matches) == 1 and "qmatmul_cross" in matches[0].what and "network" not in matches[0].what
+    assert [op for op, _ in matches[0].tasks] == ["quantize_rows", "qmatmul_requant", "qmatmul_cross"]
+    assert dict(matches[0].tasks[-1][1])["bias"] and "state" not in dict(matches[0].tasks[-1][1])
     assert targets(gm).isdisjoint({aten.add.Tensor, aten.mul.Tensor, aten.linear.default})
     got, want = gm(*args), model(*args)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+class DCN(nn.Module):
+    """DLRMv2's middle: x0 the cat of a dense layer's output and the pooled embeddings, a low-rank cross net, then
+    the top MLP on its output. `stacked`: the cat as TorchRec's DLRM_DCN writes it, of (B, 1, D) and (B, F, D)
+    features, flattened to (B, (F + 1) D)."""
+
+    def __init__(self, layers=3, stacked=False):
+        super().__init__()
+        self.stacked = stacked
+        self.dense = nn.Linear(13, 32)
+        self.cross = LowRankCross(n=96, rank=32, layers=layers)
+        self.top = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 16))
+
+    def x0(self, dense, pooled):
+        d = torch.relu(self.dense(dense))
+        if self.stacked:
+            return torch.cat([d.unsqueeze(1), pooled.view(pooled.shape[0], -1, 32)], 1).reshape(d.shape[0], -1)
+        return torch.cat([d, pooled], 1)
+
+    def forward(self, dense, pooled):
+        return self.top(self.cross(self.x0(dense, pooled)))
+
+
+@pytest.mark.parametrize("layers, stacked", [(2, False), (3, True)])
+def test_a_dcn_cross_network_keeps_its_state_in_bfloat16_and_the_top_mlp_quantizes_it(layers, stacked):
+    """Two or more cross layers in a row are one match whose state (x0, each layer's output) is bfloat16: the cat
+    that makes x0 writes bfloat16 itself, every layer's quantize_rows and qmatmul_cross read and write bfloat16,
+    and the top MLP, the network output's only reader, quantizes the last bfloat16 output directly: no float32
+    copy of the state is left (a flattened cat of stacked features too: the view replayed on the bfloat16 cat).
+    Its tasks name those kernels; the model's output stays within int8's error."""
+    from search_spaces.qmatmul.graph import cat_as
+
+    model = DCN(layers, stacked)
+    args = (torch.randn(16, 13), torch.randn(16, 64))
+    gm = capture(model, args)
+    matches, _ = run_rule(gm, args, "qmatmul")
+    net = [m for m in matches if "network" in m.what]
+    assert len(net) == 1 and f"network of {layers} layers, bfloat16 state" in net[0].what
+    ops = [(op, fields.get("dtype", fields.get("state"))) for op, fields in net[0].tasks]
+    assert ops == [("quantize_rows", "bfloat16"), ("qmatmul_requant", None), ("qmatmul_cross", "bfloat16")] * layers \
+        + [("quantize_rows", "bfloat16"), ("qmatmul_requant", None), ("qmatmul", None)]
+    assert len(net[0].reduced) == 2 * layers + 2
+    cats = [n for n in gm.graph.nodes if n.target is cat_as]
+    assert len(cats) == 1 and aten.cat.default not in targets(gm) and aten._to_copy.default not in targets(gm)
+    qr = [n for n in gm.graph.nodes if n.target is torch.ops.autotune.quantize_rows.default]
+    x0 = qr[0].args[0]
+    assert (x0.args[0] if stacked else x0) is cats[0] and len(qr) == layers + 1
+    got, want = gm(*args), model(*args)
+    assert got.dtype == torch.float32 and (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+def test_a_cross_network_whose_output_is_read_twice_widens_it_once():
+    """The network's output returned beside the top MLP's: the MLP is not taken into the network, which widens
+    its bfloat16 output back to float32 once for both readers."""
+
+    class Both(DCN):
+        def forward(self, dense, pooled):
+            x = self.cross(self.x0(dense, pooled))
+            return self.top(x), x
+
+    model = Both(2)
+    args = (torch.randn(16, 13), torch.randn(16, 64))
+    gm = capture(model, args)
+    matches, _ = run_rule(gm, args, "qmatmul")
+    net = [m for m in matches if "network" in m.what]
+    assert len(net) == 1 and [op for op, _ in net[0].tasks][-1] == "qmatmul_cross"
+    assert [n for n in gm.graph.nodes if n.target is aten._to_copy.default][0].kwargs == {"dtype": torch.float32}
+    (got, got_x), (want, want_x) = gm(*args), model(*args)
+    assert got_x.dtype == torch.float32 and (got_x - want_x).abs().max() <= 0.05 * want_x.abs().max()
     assert (got - want).abs().max() <= 0.05 * want.abs().max()
 
 

@@ -28,7 +28,9 @@ where symmetric int8 has 128, at no cost (VNNI multiplies u8 x s8; int8 activati
 
 A chain whose last layer (no ReLU) is followed by DCNv2's cross tail, `x0 * (y + b) + x` (TorchRec's
 LowRankCrossNet), ends with qmatmul_cross on CPUs: the tail is the last kernel's epilogue
-(search_spaces/_cross_tail.py says what it matches).
+(search_spaces/_cross_tail.py says what it matches). Two or more such layers in a row (one x0, each layer reading
+the previous one's output) are one match, a cross network whose state is bfloat16 (`_Network`): an int8 cross
+layer is bound by the memory its float32 state moves, not by its products.
 
 Activations use 7 bits (qmax 63) on CPUs without AVX-512 VNNI, as FBGEMM's `reduce_range` does there: the AVX2
 u8 x s8 instruction sums pairs in int16 and is exact only on 7-bit activations, and it does twice the products
@@ -257,63 +259,141 @@ def _plan(chain: list[_Layer], tail: CrossTail | None = None) -> list[tuple[str,
     return plan
 
 
+def _emit(gm: Any, chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]], tail: CrossTail | None, x: Any,
+          x0: Any = None, residual: Any = None) -> Any:
+    """Insert one chain's kernels at the graph's insertion point, reading `x` (its first layer's input; bfloat16
+    rows inside a cross network) and, where a cross tail ends it, `x0` and `residual` (the tail's x); returns the
+    node of its output."""
+    first = chain[0]
+    biases = [scalar_arg(layer.linear, 2, "bias", None) for layer in chain]
+    if first.small:  # weight-only head: float32 in, no a_scale
+        a, a_scale = x, None
+    else:
+        smooth = None
+        if first.smooth is not None:  # the head's smoothing: its input divided by s (times 1 / s)
+            smooth = register(gm, "autotune_smooth", 1 / first.smooth)
+            smooth.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
+            if not first.on_cpu:  # on a GPU, a multiply before the quantize kernel
+                x, smooth = gm.graph.call_function(aten.mul.Tensor, (x, smooth)), None
+                x.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
+        qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default, (x, a_range(first.a_bits)[1], smooth))
+        a = gm.graph.call_function(operator.getitem, (qs, 0))
+        a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
+        for node in (qs, a, a_scale):
+            node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
+    for i, (layer, b, (op, fields)) in enumerate(zip(chain, biases, plan)):
+        weight = attr(gm, layer.linear.args[1].target).detach().float()
+        if layer.smooth is not None:
+            weight = weight * layer.smooth
+        nxt = chain[i + 1].smooth if i + 1 < len(chain) else None
+        if nxt is not None:  # the next layer's smoothing, folded into this one's output channels
+            weight = weight / nxt[:, None]
+            if b is not None:
+                b = register(gm, "autotune_smoothed_bias", attr(gm, b.target).detach() / nxt)
+        wq, w_scale = quantize_rows(weight)  # once
+        wq_node = register(gm, "autotune_qweight", wq.contiguous())
+        scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
+        args = (a, wq_node, a_scale, scale_node, b, fields["relu"], fields["a_bits"])
+        stack = layer.linear.meta.get("nn_module_stack", {})
+        if op == RULE:
+            out = gm.graph.call_function(torch.ops.autotune.qmatmul.default, args)
+            layer_new = [wq_node, scale_node, out]
+        elif op == CROSS:
+            out = gm.graph.call_function(torch.ops.autotune.qmatmul_cross.default,
+                                         (a, wq_node, a_scale, scale_node, tail_bias(gm, b, tail), x0, residual,
+                                          fields["a_bits"]))
+            layer_new = [wq_node, scale_node, out]
+        else:
+            qs = gm.graph.call_function(torch.ops.autotune.qmatmul_requant.default, (*args, fields["out_qmax"]))
+            a = gm.graph.call_function(operator.getitem, (qs, 0))
+            a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
+            layer_new = [wq_node, scale_node, qs, a, a_scale]
+        for node in layer_new:
+            node.meta["nn_module_stack"] = stack
+    return out
+
+
+def _reads(chain: list[_Layer], tail: CrossTail | None) -> list[Any]:
+    """The nodes a chain's kernels read (its input, its biases, its tail's): the replacement goes after them."""
+    biases = [scalar_arg(layer.linear, 2, "bias", None) for layer in chain]
+    reads = [chain[0].linear.args[0], *biases] + ([tail.bias, tail.x0, tail.x] if tail is not None else [])
+    return [r for r in reads if r is not None]
+
+
 def _replace(chain: list[_Layer], plan: list[tuple[str, dict[str, Any]]], tail: CrossTail | None = None) -> Any:
     def replace(gm: Any) -> tuple[Any, ...]:
-        first = chain[0]
-        biases = [scalar_arg(layer.linear, 2, "bias", None) for layer in chain]
-        reads = [first.linear.args[0], *biases] + ([tail.bias, tail.x0, tail.x] if tail is not None else [])
         ends = [chain[-1].out] if tail is None else [tail.out]
-        with gm.graph.inserting_before(insertion_point(gm, [r for r in reads if r is not None], ends)):
-            x = first.linear.args[0]
-            if first.small:  # weight-only head: float32 in, no a_scale
-                a, a_scale = x, None
-            else:
-                smooth = None
-                if first.smooth is not None:  # the head's smoothing: its input divided by s (times 1 / s)
-                    smooth = register(gm, "autotune_smooth", 1 / first.smooth)
-                    smooth.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
-                    if not first.on_cpu:  # on a GPU, a multiply before the quantize kernel
-                        x, smooth = gm.graph.call_function(aten.mul.Tensor, (x, smooth)), None
-                        x.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
-                qs = gm.graph.call_function(torch.ops.autotune.quantize_rows.default,
-                                            (x, a_range(first.a_bits)[1], smooth))
-                a = gm.graph.call_function(operator.getitem, (qs, 0))
-                a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
-                for node in (qs, a, a_scale):
-                    node.meta["nn_module_stack"] = first.linear.meta.get("nn_module_stack", {})
-            for i, (layer, b, (op, fields)) in enumerate(zip(chain, biases, plan)):
-                weight = attr(gm, layer.linear.args[1].target).detach().float()
-                if layer.smooth is not None:
-                    weight = weight * layer.smooth
-                nxt = chain[i + 1].smooth if i + 1 < len(chain) else None
-                if nxt is not None:  # the next layer's smoothing, folded into this one's output channels
-                    weight = weight / nxt[:, None]
-                    if b is not None:
-                        b = register(gm, "autotune_smoothed_bias", attr(gm, b.target).detach() / nxt)
-                wq, w_scale = quantize_rows(weight)  # once
-                wq_node = register(gm, "autotune_qweight", wq.contiguous())
-                scale_node = register(gm, "autotune_qweight_scale", w_scale.contiguous())
-                args = (a, wq_node, a_scale, scale_node, b, fields["relu"], fields["a_bits"])
-                stack = layer.linear.meta.get("nn_module_stack", {})
-                if op == RULE:
-                    out = gm.graph.call_function(torch.ops.autotune.qmatmul.default, args)
-                    layer_new = [wq_node, scale_node, out]
-                elif op == CROSS:
-                    out = gm.graph.call_function(torch.ops.autotune.qmatmul_cross.default,
-                                                 (a, wq_node, a_scale, scale_node, tail_bias(gm, b, tail), tail.x0,
-                                                  tail.x, fields["a_bits"]))
-                    layer_new = [wq_node, scale_node, out]
-                else:
-                    qs = gm.graph.call_function(torch.ops.autotune.qmatmul_requant.default,
-                                                (*args, fields["out_qmax"]))
-                    a = gm.graph.call_function(operator.getitem, (qs, 0))
-                    a_scale = gm.graph.call_function(operator.getitem, (qs, 1))
-                    layer_new = [wq_node, scale_node, qs, a, a_scale]
-                for node in layer_new:
-                    node.meta["nn_module_stack"] = stack
-        return (out,)
+        with gm.graph.inserting_before(insertion_point(gm, _reads(chain, tail), ends)):
+            x0, x = (tail.x0, tail.x) if tail is not None else (None, None)
+            return (_emit(gm, chain, plan, tail, chain[0].linear.args[0], x0, x),)
 
     return replace
+
+
+def _replace_network(net: _Network) -> Any:
+    """The network's kernels: x0 (and the first layer's input, where it is not x0) stored in bfloat16 once, each
+    layer's chain reading the previous one's bfloat16 output, then the follower's chain on the last one (or the
+    last one widened to float32)."""
+    def replace(gm: Any) -> tuple[Any, ...]:
+        first, sites = net.members[0], net.sites
+        reads = [r for site in sites for r in _reads(site.chain, site.tail)]
+        reads = [r for r in dict.fromkeys(reads) if r not in {site.out for site in sites}]
+        with gm.graph.inserting_before(insertion_point(gm, reads, [sites[-1].out])):
+            stored: dict[Any, Any] = {}
+
+            def state(node: Any) -> Any:  # a float32 node stored in bfloat16, once
+                if node not in stored:
+                    stored[node] = _narrowed(gm, node, net.members)
+                return stored[node]
+
+            x0, x = state(first.tail.x0), state(first.input)
+            residual = x if first.tail.x is first.input else state(first.tail.x)
+            for site in net.members:
+                x = residual = _emit(gm, site.chain, site.plan, site.tail, x, x0, residual)
+            if net.follower is not None:
+                return (_emit(gm, net.follower.chain, net.follower.plan, None, x),)
+            return (gm.graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32}),)
+
+    return replace
+
+
+_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def _narrowed(gm: Any, node: Any, members: list[_Site]) -> Any:
+    """`node` (float32) as a bfloat16 node. A cat (or a view of one: TorchRec's (B, F, D) cat of the dense and
+    pooled features, flattened) read only by the network writes bfloat16 itself (`cat_as`; its float32 result
+    never exists), the views replayed on it; any other node is rounded by a copy."""
+    inside = {n for site in members for n in site.nodes}
+    views, src = [], node
+    while is_call(src, *_VIEWS) and set(src.users) <= (inside | set(views)):
+        views.append(src)
+        src = src.args[0]
+    if is_call(src, aten.cat.default) and set(src.users) <= (inside | set(views)):
+        dim = src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", 0)
+        out = gm.graph.call_function(cat_as, (list(src.args[0]), dim, torch.bfloat16))
+        for view in reversed(views):
+            out = gm.graph.call_function(view.target, (out, *view.args[1:]), dict(view.kwargs))
+        return out
+    return gm.graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.bfloat16})
+
+
+def cat_as(tensors: list[torch.Tensor], dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """`torch.cat(tensors, dim).to(dtype)` in one pass: each tensor copied into its slice of a `dtype` output
+    (each value rounded once, as the cast rounds it; `torch.cat(..., out=)` of another dtype takes a slower
+    path). Where autograd records, the two steps."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return torch.cat(tensors, dim).to(dtype)
+    first = tensors[0]
+    dim %= first.dim()
+    shape = list(first.shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    out = first.new_empty(shape, dtype=dtype)
+    at = 0
+    for t in tensors:
+        out.narrow(dim, at, t.shape[dim]).copy_(t)
+        at += t.shape[dim]
+    return out
 
 
 def simulated_linear(qmax: int, smooth: torch.Tensor | None = None) -> Any:
@@ -344,9 +424,60 @@ def _reduced(chain: list[_Layer]) -> tuple[Reduced, ...]:
                  for layer in chain)
 
 
-def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
-    """Every chain of Linear(+ReLU) layers on float32 parameters (a lone layer is a chain of one), in graph
-    order; a lone layer too narrow for int8 is kept, saying why."""
+@dataclass
+class _Site:
+    """One chain the rule can run (a lone layer is a chain of one): its layers, the cross tail that ends it (or
+    None), its kernels' plan and tasks, the nodes it replaces and the range its tolerance is a share of."""
+
+    chain: list[_Layer]
+    tail: CrossTail | None
+    plan: list[tuple[str, dict[str, Any]]]
+    nodes: list[Any]
+    scale: float
+
+    @property
+    def input(self) -> Any:
+        return self.chain[0].linear.args[0]
+
+    @property
+    def out(self) -> Any:
+        return self.tail.out if self.tail is not None else self.chain[-1].out
+
+    def tasks(self, state: str = "float32") -> list[tuple[str, dict[str, Any]]]:
+        """Its kernels' (op, fields): the head's quantize_rows (reading rows of `state`), then the plan's (a
+        qmatmul_cross with that state)."""
+        head = self.chain[0]
+        quantize = [("quantize_rows", dict(rows=head.m, cols=head.k, qmax=a_range(head.a_bits)[1],
+                                           **({"smooth": True} if head.smooth is not None and head.on_cpu else {}),
+                                           **({"dtype": state} if state != "float32" else {})))]
+        plan = [(op, {**fields, "state": state} if op == CROSS and state != "float32" else fields)
+                for op, fields in self.plan]
+        return (quantize if not head.small else []) + plan
+
+    def what(self) -> str:
+        chain, plan, tail = self.chain, self.plan, self.tail
+        return (" -> ".join(layer.what() for layer in chain) + (" -> x0 * (. + b) + x" if tail else "") + " -> "
+                + ("quantize_rows + " if not chain[0].small else "")
+                + (f"int8 {plan[-1][0]}" if len(chain) == 1 else
+                   f"{len(chain) - 1} qmatmul_requant (int8 out) + {plan[-1][0]}: int8 between layers"
+                   + (" (uint8 after ReLUs)" if any(layer.unsigned for layer in chain) else "")
+                   + (" (the head weight-only)" if chain[0].small else ""))
+                + (" (7-bit activations)" if chain[-1].a_bits == 7 else "")
+                + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
+                   if any(layer.smooth is not None for layer in chain) else "")
+                + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else "")
+                + (" (DCN's cross tail in its epilogue)" if tail else ""))
+
+    def match(self) -> GraphMatch:
+        return GraphMatch(
+            rule=RULE, nodes=tuple(self.nodes), outputs=(self.out,), tasks=tuple(self.tasks()),
+            replace=_replace(self.chain, self.plan, self.tail), tolerance=(0.0, RANGE_TOLERANCE * self.scale + 1e-6),
+            where=where(self.nodes), reduced=_reduced(self.chain), what=self.what())
+
+
+def _sites(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[_Site | Kept]:
+    """Every chain of Linear(+ReLU) layers on float32 parameters, in graph order, and the layers the rule
+    cannot run (a lone layer too narrow for int8, a kernel not registered, a shape its workload refuses)."""
     layers = []
     for linear in [n for n in gm.graph.nodes if is_call(n, aten.linear.default) and n not in claimed]:
         layer = _layer(gm, values, linear, claimed)
@@ -376,30 +507,85 @@ def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMa
         if why:
             yield Kept(RULE, where(nodes), why)
             continue
-        head = chain[0]
-        tasks = [("quantize_rows", dict(rows=head.m, cols=head.k, qmax=a_range(head.a_bits)[1],
-                                        **({"smooth": True} if head.smooth is not None and head.on_cpu else {})))]
-        tasks = (tasks if not chain[0].small else []) + plan
         ref = tensor_value(gm, values, chain[-1].out)
         scale = float(ref.abs().max()) if isinstance(ref, torch.Tensor) and ref.numel() else 1.0
         if tail is not None:  # the tail multiplies the product's error by x0
             scale *= float(tensor_value(gm, values, tail.x0).abs().max())
-        bits = chain[-1].a_bits
-        yield GraphMatch(
-            rule=RULE, nodes=tuple(nodes), outputs=(tail.out if tail else chain[-1].out,), tasks=tuple(tasks),
-            replace=_replace(chain, plan, tail), tolerance=(0.0, RANGE_TOLERANCE * scale + 1e-6), where=where(nodes),
-            reduced=_reduced(chain),
-            what=" -> ".join(layer.what() for layer in chain) + (" -> x0 * (. + b) + x" if tail else "") + " -> "
-                 + ("quantize_rows + " if not chain[0].small else "")
-                 + (f"int8 {plan[-1][0]}" if len(chain) == 1 else
-                    f"{len(chain) - 1} qmatmul_requant (int8 out) + {plan[-1][0]}: int8 between layers"
-                    + (" (uint8 after ReLUs)" if any(layer.unsigned for layer in chain) else "")
-                    + (" (the head weight-only)" if chain[0].small else ""))
-                 + (" (7-bit activations)" if bits == 7 else "")
-                 + (f" ({sum(layer.smooth is not None for layer in chain)} smoothed)"
-                    if any(layer.smooth is not None for layer in chain) else "")
-                 + (" (ReLU fused)" if any(layer.relu is not None for layer in chain) else "")
-                 + (" (DCN's cross tail in its epilogue)" if tail else ""))
+        yield _Site(chain, tail, plan, nodes, scale)
+
+
+def find(gm: Any, values: dict[str, Any], claimed: set[Any]) -> Iterator[GraphMatch | Kept]:
+    """Every chain of Linear(+ReLU) layers on float32 parameters (a lone layer is a chain of one), in graph
+    order, a DCN cross network's chains as one match (`_networks`); a lone layer too narrow for int8 is kept,
+    saying why."""
+    sites: list[_Site] = []
+    for found in _sites(gm, values, claimed):
+        if isinstance(found, Kept):
+            yield found
+        else:
+            sites.append(found)
+    for group in _networks(sites):
+        yield group.match()
+
+
+# ---- a DCN cross network with 16-bit state --------------------------------------------------------------------
+# Below this many cross layers a network keeps float32 state: converting x0 once (a float32 read, a 16-bit write)
+# and its output back costs about what one layer's 16-bit state saves.
+MIN_NETWORK_LAYERS = 2
+STATE = "bfloat16"  # float32's range (a trained model's state has no fp16 overflow to fear), 8 bits of mantissa
+
+
+@dataclass
+class _Network:
+    """Consecutive cross layers of one DCN (each chain's input and residual the previous layer's output, one x0),
+    run with their state (x0, every x_l) in bfloat16: each layer reads x0 and x_l and writes x_{l+1}, a float32
+    stream as large as the batch's features, which bounds an int8 cross layer by memory; in 16 bits each moves
+    half. The chain after it (the top MLP) quantizes the last layer's bfloat16 output directly, where it is that
+    output's only reader; else the output is widened back to float32 once."""
+
+    members: list[_Site]
+    follower: _Site | None = None
+
+    @property
+    def sites(self) -> list[_Site]:
+        return self.members + ([self.follower] if self.follower is not None else [])
+
+    def match(self) -> GraphMatch:
+        sites, last = self.sites, self.sites[-1]
+        nodes = [n for site in sites for n in site.nodes]
+        tasks = [t for site in self.members for t in site.tasks(STATE)]
+        tasks += self.follower.tasks(STATE) if self.follower is not None else []
+        return GraphMatch(
+            rule=RULE, nodes=tuple(nodes), outputs=(last.out,), tasks=tuple(tasks),
+            replace=_replace_network(self), tolerance=(0.0, RANGE_TOLERANCE * last.scale + 1e-6), where=where(nodes),
+            reduced=tuple(r for site in sites for r in _reduced(site.chain)),
+            what=f"DCN cross network of {len(self.members)} layers, {STATE} state: "
+                 + "; ".join(site.what() for site in sites))
+
+
+def _networks(sites: list[_Site]) -> Iterator[_Site | _Network]:
+    """The sites in graph order, runs of at least MIN_NETWORK_LAYERS consecutive cross layers grouped into a
+    `_Network` with the chain after them where it alone reads their output (as its input: the top MLP)."""
+    runs: list[list[_Site]] = []
+    for site in sites:
+        prev = runs[-1][-1] if runs else None
+        if (site.tail is not None and not site.chain[0].small and prev is not None and prev.tail is not None
+                and site.input is prev.out and site.tail.x is prev.out and site.tail.x0 is prev.tail.x0
+                and set(prev.out.users) == {site.chain[0].linear, site.tail.out}):
+            runs[-1].append(site)
+        else:
+            runs.append([site])
+    follows = False  # whether the run's head follows the network before it (and is in it)
+    for run, after in zip(runs, [*runs[1:], None]):
+        if follows:
+            run, follows = run[1:], False
+        if len(run) < MIN_NETWORK_LAYERS or run[0].tail is None or run[0].chain[0].small:
+            yield from run
+            continue
+        nxt = after[0] if after is not None else None
+        follows = (nxt is not None and nxt.tail is None and not nxt.chain[0].small and nxt.input is run[-1].out
+                   and set(run[-1].out.users) == {nxt.chain[0].linear})
+        yield _Network(run, nxt if follows else None)
 
 
 RULES = (GraphRule(RULE, find, quantizes=True),)
