@@ -4,9 +4,12 @@ tune_model tunes at the example's batch, and the model it returns takes any batc
 whatever a request holds. Here examples/torchrec_dlrm.py's model (TorchRec's DLRM or DLRMv2, KJT inputs) is
 tuned once at --tune-batch (resuming from --log-dir), then timed at each of --sizes against eager: interleaved
 rounds, each call on a batch it has not seen in that round (a cycle of --fresh batches per size), medians; the
-error column is max |ours - eager| over those batches.
+error column is max |ours - eager| over those batches. `--float32-state` adds a third contender: the int8 model
+with DLRMv2's cross network keeping float32 state (one int8 match per cross layer, as before the bfloat16
+network: search_spaces/qmatmul/graph.py), tuned from the same logs and timed in the same rounds.
 
     python -m benchmarks.batch_sizes [--model dcn] [--sizes 64 256 1000 2048] [--log-dir logs/local/torchrec]
+                                     [--float32-state]
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -47,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--fresh", type=int, default=4, help="batches per size, cycled")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, size and round")
+    p.add_argument("--float32-state", action="store_true",
+                   help="also time the int8 model whose cross network keeps float32 state (the A/B of bfloat16's)")
     args = p.parse_args(argv)
     if min(*args.sizes, args.tune_batch, args.trials, args.fresh, args.rounds) < 1 or (
             args.max_rows is not None and args.max_rows < 1):
@@ -64,24 +70,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     model, rows = ex.build(args.model, args.max_rows)
     pooling = ex.MODELS[args.model]["pooling"]
     draw = lambda batch, seed: ex.make_batch(rows, pooling, batch, seed)  # noqa: E731
-    ours, _ = at.tune_model(model, draw(args.tune_batch, 0), log_dir=os.path.join(args.log_dir, args.model),
-                            trials=args.trials, quantize=not args.fp32,
-                            check_inputs=[draw(args.tune_batch, 1 + i) for i in range(2)],
-                            test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)])
+
+    def tuned() -> Any:
+        return at.tune_model(model, draw(args.tune_batch, 0), log_dir=os.path.join(args.log_dir, args.model),
+                             trials=args.trials, quantize=not args.fp32,
+                             check_inputs=[draw(args.tune_batch, 1 + i) for i in range(2)],
+                             test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)])[0]
+
     name = "ours fp32-exact" if args.fp32 else "ours int8"
+    contenders = {"eager": model, name: tuned()}
+    if args.float32_state and not args.fp32:
+        contenders["int8, float32 cross state"] = float32_state(tuned)
     print(f"\nTorchRec {type(model).__name__} tuned at batch {args.tune_batch}; {name} against eager, "
           f"{args.fresh} fresh batches per size, median of {args.rounds} interleaved rounds\n")
-    print(f"| batch | eager ms | {name} ms | x eager | samples/s | max \\|out - eager\\| |")
-    print("|---|---|---|---|---|---|")
+    others = [c for c in contenders if c != "eager"]
+    print("| batch | eager ms | " + " | ".join(f"{c} ms | x eager | samples/s | max \\|out - eager\\|" for c in others)
+          + " |")
+    print("|---|---|" + "---|---|---|---|" * len(others))
     with torch.inference_mode():
         for size in args.sizes:
             batches = [draw(size, 1000 * size + i) for i in range(args.fresh)]
-            error = max(float((ours(*b) - model(*b)).abs().max()) for b in batches)
-            times = interleaved({"eager": model, name: ours}, args.rounds,
-                                lambda f: per_call(f, batches, args.seconds))
-            eager, mine = statistics.median(times["eager"]), statistics.median(times[name])
-            print(f"| {size} | {eager * 1e3:.2f} | {mine * 1e3:.2f} | {eager / mine:.2f} | {size / mine:,.0f} | "
-                  f"{error:.1e} |", flush=True)
+            times = interleaved(contenders, args.rounds, lambda f: per_call(f, batches, args.seconds))
+            eager = statistics.median(times["eager"])
+            cells = []
+            for c in others:
+                mine = statistics.median(times[c])
+                error = max(float((contenders[c](*b) - model(*b)).abs().max()) for b in batches)
+                cells.append(f"{mine * 1e3:.2f} | {eager / mine:.2f} | {size / mine:,.0f} | {error:.1e}")
+            print(f"| {size} | {eager * 1e3:.2f} | " + " | ".join(cells) + " |", flush=True)
+
+
+def float32_state(tuned: Callable[[], Any]) -> Any:
+    """`tuned()` with qmatmul's rule running each cross layer as its own match (float32 state)."""
+    from search_spaces.qmatmul import graph
+
+    keep = graph.MIN_NETWORK_LAYERS
+    graph.MIN_NETWORK_LAYERS = sys.maxsize
+    try:
+        return tuned()
+    finally:
+        graph.MIN_NETWORK_LAYERS = keep
 
 
 if __name__ == "__main__":

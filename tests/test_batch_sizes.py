@@ -17,3 +17,12 @@ def test_values_below_one_are_refused_saying_why(flags, capsys):
     with pytest.raises(SystemExit):
         bench.main(flags)
     assert "take values >= 1" in capsys.readouterr().err
+
+
+def test_the_float32_state_contender_is_tuned_with_a_match_per_cross_layer_and_the_rule_restored():
+    from search_spaces.qmatmul import graph
+
+    seen = []
+    before = graph.MIN_NETWORK_LAYERS
+    assert bench.float32_state(lambda: seen.append(graph.MIN_NETWORK_LAYERS) or "model") == "model"
+    assert seen[0] > 1000 and graph.MIN_NETWORK_LAYERS == before
