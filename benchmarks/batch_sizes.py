@@ -78,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                              test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)])[0]
 
     name = "ours fp32-exact" if args.fp32 else "ours int8"
-    contenders = {"eager": model, name: tuned()}
-    if args.float32_state and not args.fp32:
-        contenders["int8, float32 cross state"] = float32_state(tuned)
+    # the A/B contender first: the package tune_model leaves in the log directory is then ours'
+    state = {"int8, float32 cross state": float32_state(tuned)} if args.float32_state and not args.fp32 else {}
+    contenders = {"eager": model, name: tuned(), **state}
     print(f"\nTorchRec {type(model).__name__} tuned at batch {args.tune_batch}; {name} against eager, "
           f"{args.fresh} fresh batches per size, median of {args.rounds} interleaved rounds\n")
     others = [c for c in contenders if c != "eager"]
