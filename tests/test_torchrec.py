@@ -196,8 +196,9 @@ def shared_workers(cpu_builder, local_runner):
 @pytest.mark.parametrize("kind, quantize", [("dlrm", False), ("dcn", True)])
 def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, quantize, tmp_path, shared_workers):
     """DLRM in fp32-exact (the fused gather + interaction); DLRM_DCN in int8, each cross layer's V -> W chain
-    ending in qmatmul_cross (its tail the kernel's epilogue)."""
+    ending in qmatmul_cross (its tail the kernel's epilogue), the cross network's state bfloat16."""
     import autotune.torch as at
+    from search_spaces.qmatmul.graph import cat_as
 
     import search_spaces
 
@@ -214,6 +215,9 @@ def test_a_torchrec_model_is_tuned_as_written_and_takes_any_kjt(kind, quantize, 
     if quantize:
         ops = {n.target for n in opt.graph.nodes if n.op == "call_function"}
         assert torch.ops.autotune.qmatmul_cross.default in ops and aten.mul.Tensor not in ops, str(report)
+        # its two cross layers as one network on bfloat16 state, x0 written so by TorchRec's cat
+        assert any("DCN cross network of 2 layers, bfloat16 state" in r.what for r in report.replaced), str(report)
+        assert cat_as in ops and aten._to_copy.default not in ops
     # the batched launch's per-table views are not copied back together (KeyedTensor's cat of them)
     assert not any(n.target is aten.cat.default and any(getattr(a, "target", None) is aten.select.int
                                                         for a in n.args[0]) for n in opt.graph.nodes)
