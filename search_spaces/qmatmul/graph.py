@@ -361,8 +361,8 @@ _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
 
 
 def _narrowed(gm: Any, node: Any, members: list[_Site]) -> Any:
-    """`node` (float32) as a bfloat16 node. A cat (or a view of one: TorchRec's (B, F, D) cat of the dense and
-    pooled features, flattened) read only by the network writes bfloat16 itself (`cat_as`; its float32 result
+    """`node` (float32) as a node of the state's dtype. A cat (or a view of one: TorchRec's (B, F, D) cat of the dense and
+    pooled features, flattened) read only by the network writes that dtype itself (`cat_as`; its float32 result
     never exists), the views replayed on it; any other node is rounded by a copy."""
     inside = {n for site in members for n in site.nodes}
     views, src = [], node
@@ -371,11 +371,11 @@ def _narrowed(gm: Any, node: Any, members: list[_Site]) -> Any:
         src = src.args[0]
     if is_call(src, aten.cat.default) and set(src.users) <= (inside | set(views)):
         dim = src.args[1] if len(src.args) > 1 else src.kwargs.get("dim", 0)
-        out = gm.graph.call_function(cat_as, (list(src.args[0]), dim, torch.bfloat16))
+        out = gm.graph.call_function(cat_as, (list(src.args[0]), dim, getattr(torch, STATE)))
         for view in reversed(views):
             out = gm.graph.call_function(view.target, (out, *view.args[1:]), dict(view.kwargs))
         return out
-    return gm.graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.bfloat16})
+    return gm.graph.call_function(aten._to_copy.default, (node,), {"dtype": getattr(torch, STATE)})
 
 
 def cat_as(tensors: list[torch.Tensor], dim: int, dtype: torch.dtype) -> torch.Tensor:
