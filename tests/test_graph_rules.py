@@ -616,6 +616,22 @@ def test_a_dcn_cross_network_keeps_its_state_in_bfloat16_and_the_top_mlp_quantiz
     assert got.dtype == torch.float32 and (got - want).abs().max() <= 0.05 * want.abs().max()
 
 
+def test_a_cross_layer_the_ladder_keeps_in_float32_splits_the_network():
+    """The middle layer of three held at a finer precision (its nodes claimed, as the accuracy ladder's floors
+    claim them): no two int8 cross layers are consecutive any more, so each keeps float32 state on its own."""
+    model = DCN(3)
+    args = (torch.randn(16, 13), torch.randn(16, 64))
+    gm = capture(model, args)
+    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default]
+    middle = set(linears[3:5])  # the dense layer, layer 1's V and W, then layer 2's
+    matches, _ = run_rule(gm, args, "qmatmul", claimed=middle)
+    assert not any("network" in m.what for m in matches)
+    crosses = [m for m in matches if "qmatmul_cross" in m.what]
+    assert len(crosses) == 2 and all("state" not in dict(m.tasks[-1][1]) for m in crosses)
+    got, want = gm(*args), model(*args)
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
 def test_a_cross_network_whose_output_is_read_twice_widens_it_once():
     """The network's output returned beside the top MLP's: the MLP is not taken into the network, which widens
     its bfloat16 output back to float32 once for both readers."""
