@@ -26,3 +26,9 @@ def test_the_float32_state_contender_is_tuned_with_a_match_per_cross_layer_and_t
     before = graph.MIN_NETWORK_LAYERS
     assert bench.float32_state(lambda: seen.append(graph.MIN_NETWORK_LAYERS) or "model") == "model"
     assert seen[0] > 1000 and graph.MIN_NETWORK_LAYERS == before
+
+
+def test_the_float32_state_contender_is_refused_beside_fp32_saying_why(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--fp32", "--float32-state"])
+    assert "--float32-state compares int8 models" in capsys.readouterr().err

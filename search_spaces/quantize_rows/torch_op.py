@@ -42,7 +42,7 @@ def route(x: Tensor, qmax: int = QMAX, smooth: Optional[Tensor] = None, validate
         return f"kernels take contiguous float32 or bfloat16, got {x.dtype}" + (
             "" if x.is_contiguous() else " (strided)")
     if (smooth is not None or x.dtype is not torch.float32) and x.device.type != "cpu":
-        return "smoothing factors and bfloat16 rows are CPU kernels' only"
+        return "smoothing factors and bfloat16 rows are quantized on CPUs only"
     return Route((x.shape[1], qmax, smooth is not None, _DTYPES[x.dtype]), x.shape[0])
 
 
