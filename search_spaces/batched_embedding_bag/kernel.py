@@ -27,7 +27,7 @@ NEG_INF_BITS = -8388608  # 0xff800000: -inf as an int32 bit pattern
 
 
 def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: bool = False, stage: int = 0,
-            branch: bool = False, unroll: int = 1, vector: int = 1) -> Any:
+            branch: bool = False, unroll: int = 1, vector: int = 1, chunks: int = 0) -> Any:
     """The table-batched ragged embedding bag as TVMScript.
 
     `prefetch` rows ahead are prefetched (0: none; CPU); `direct` (sum only) accumulates into the output
@@ -40,19 +40,24 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     them. The bag's loop is rounded up to whole steps, the extra rows re-reading the bag's last row (a cache
     hit) and pooling as nothing, so no load sits under a per-row branch: with a guarded unrolled loop nvcc
     keeps one row load in flight per thread (seen in the SASS), with the unguarded stage it overlaps the next
-    rows' loads with the adds.
+    rows' loads with the adds. `chunks` > 0 (CPU, local scratch): the pairs run table-major in that many
+    parallel runs of equal work (`even_bags`), the loop the schedule would otherwise split into tasks written
+    here (its bounds are found at run time).
     """
     import tvm
     from tvm.script import tirx as T
 
     if direct and w.mode != "sum":
         raise InvalidConfig("accumulating in the output is only possible for mode=sum")
+    if chunks and (direct or stage):
+        raise InvalidConfig("runs of equal work (chunks) pool into a local scratch, on a CPU")
     if w.dim % vector:
         raise InvalidConfig(f"vector {vector} does not divide dim {w.dim}")
     if unroll < 1:
         raise ValueError(f"unroll must be positive, got {unroll}")
     D, NT, idt, mode, U = w.dim, w.tables, w.index_dtype, w.mode, max(stage, 1)
     gpu = stage > 0
+    even = chunks > 0  # table-major pairs cut into `chunks` runs of equal work (indices + bags)
     ialign = index_alignment(idt)
     identity = -math.inf if mode == "max" else 0.0
     i64 = "int64"
@@ -251,6 +256,17 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                     A[vd] = combine(A[vd], G[vu, vd])
 
     @T.macro
+    def finalize(TO, Off, A, O, vt, vb, NB, NNZ, R):
+        """Bag (vt, vb)'s output row from its scratch A (and the rows' biases' column, split)."""
+        for d2 in range(D):
+            with T.sblock("finalize"):
+                vd2 = T.axis.spatial(D, d2)
+                if split:
+                    O[vb, vt * D + vd2] = finish(A[vd2] + A[D], count(TO, Off, vt, vb, NB, NNZ, R))
+                else:
+                    O[vb, vt * D + vd2] = finish(A[vd2], count(TO, Off, vt, vb, NB, NNZ, R))
+
+    @T.macro
     def bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R):
         for t, b in T.grid(NT, NB):
             with T.sblock("bag"):
@@ -269,13 +285,41 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
                         pool_staged(W, S, TO, I, Off, A, G, Flag, vt, vb, NB, NNZ, R)
                     else:
                         pool(W, S, TO, I, Off, A, O, Flag, vt, vb, NB, NNZ, R)
-                    for d2 in range(D):
-                        with T.sblock("finalize"):
-                            vd2 = T.axis.spatial(D, d2)
-                            if split:
-                                O[vb, vt * D + vd2] = finish(A[vd2] + A[D], count(TO, Off, vt, vb, NB, NNZ, R))
-                            else:
-                                O[vb, vt * D + vd2] = finish(A[vd2], count(TO, Off, vt, vb, NB, NNZ, R))
+                    finalize(TO, Off, A, O, vt, vb, NB, NNZ, R)
+
+    @T.macro
+    def first_pair(Off, at, work, NB):
+        """at[0] := the first (table, bag) pair p, table-major, with Off[p] + p >= work (the indices and bags
+        before it: the work done before it), by bisection over the offsets (which rise: checked before)."""
+        at[0] = T.int64(0)
+        at[1] = T.int64(NT) * NB
+        while at[0] < at[1]:
+            if T.Cast(i64, Off[(at[0] + at[1]) // 2]) + (at[0] + at[1]) // 2 < work:
+                at[0] = (at[0] + at[1]) // 2 + 1
+            else:
+                at[1] = (at[0] + at[1]) // 2
+
+    @T.macro
+    def even_bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R):
+        """CPU: the pairs table-major (the order of the indices, which the prefetch reads ahead in) cut into
+        `chunks` runs of equal work, each an index or a bag; the runs spread over the cores."""
+        for c in T.parallel(chunks):
+            with T.sblock("chunk"):
+                vc = T.axis.spatial(chunks, c)
+                T.reads(Off[0:NT * NB + 1], TO[0:NT + 1], I[0:NNZ], W[0:R, 0:WD])
+                T.writes(O[0:NB, 0:NT * D])
+                first = T.sblock_alloc_buffer((2,), "int64", scope="local")
+                end = T.sblock_alloc_buffer((2,), "int64", scope="local")
+                A = T.sblock_alloc_buffer((AW,), "float32", scope=SCRATCH_SCOPE)
+                first_pair(Off, first, vc * (NNZ + NT * NB) // chunks, NB)
+                first_pair(Off, end, (vc + 1) * (NNZ + NT * NB) // chunks, NB)
+                for p in T.serial(first[0], end[0]):
+                    with T.sblock("bag"):
+                        vp = T.axis.opaque(NT * NB, p)
+                        T.reads(Off[0:NT * NB + 1], TO[0:NT + 1], I[0:NNZ], W[0:R, 0:WD])
+                        T.writes(O[vp % NB, vp // NB * D:vp // NB * D + D])
+                        pool(W, S, TO, I, Off, A, O, Flag, vp // NB, vp % NB, NB, NNZ, R)
+                        finalize(TO, Off, A, O, vp // NB, vp % NB, NB, NNZ, R)
 
     @T.macro
     def kernel(W, S, TO, I, Off, O, Flag, NB, NNZ, R):
@@ -285,7 +329,10 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
             check_boundaries(TO, Flag, NT + 1, R, TABLE_OFFSETS_ERROR)
             check_boundaries(Off, Flag, NT * NB + 1, NNZ, OFFSETS_ERROR)
             if T.bitwise_and(Flag[0], T.int32(OFFSETS_ERROR | TABLE_OFFSETS_ERROR)) == T.int32(0):
-                bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R)
+                if even:
+                    even_bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R)
+                else:
+                    bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R)
             else:  # flagged: zeros, not whatever the output's memory held
                 for b, d in T.grid(NB, NT * D):
                     with T.sblock("zero"):

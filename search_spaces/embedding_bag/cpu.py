@@ -42,10 +42,11 @@ PREFETCH = Choice("prefetch", (0, 4, 8, 16, 32, 64, 128, 256), doc=(
     "a batched kernel the guess uses the current table's base: a wasted prefetch, never a fault). 0 disables "
     "it. The distance that keeps enough misses in flight grows with the rows a core pools while one miss is "
     "outstanding: small rows (int8, fp16) are pooled fast and want a long one (64-256)."))
-PREFETCH_LINES = Choice("prefetch_lines", (1, 2, 4, 8), doc=(
+PREFETCH_LINES = Choice("prefetch_lines", (1, 2, 4, 8, 3), doc=(
     "64-byte cache lines of the future row to prefetch: a whole row costs more prefetch slots, a partial "
     "one relies on the hardware's adjacent-line prefetcher. Rows that are not a whole number of lines (int8 "
-    "rows carry 8 bytes of scale and bias) straddle one more line than their size says."))
+    "rows carry 8 bytes of scale and bias) straddle one more line than their size says: 3 for an int8 row of "
+    "dim 128 (136 bytes), whose last line holds the scale and bias every row reads."))
 ACCUMULATOR = Choice("accumulator", ("output", "local"), doc=(
     "Accumulate into the output row directly, or into a local buffer written back once per bag "
     "(lets LLVM keep partial sums in registers when it cannot prove the output does not alias). "

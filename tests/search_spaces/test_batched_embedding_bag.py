@@ -96,16 +96,52 @@ def test_cpu_tables_of_their_own_pooling_in_either_order_of_the_pairs():
     task = make_task("batched_embedding_bag", "cpu", rows=(40, 3, 90, 500), dim=16, batch=11, pooling=(0, 30),
                      table_pooling=((1, 1), (0, 2), (30, 30), (3, 5)))
     orders = {c.as_dict()["order"] for c in task.space}
-    assert orders == {"tables", "bags"} and task.space.default().as_dict()["order"] == "tables"
+    assert orders == {"tables", "bags", "even"} and task.space.default().as_dict()["order"] == "tables"
     tensors = tbe.inputs(task.workload, seed=2)
     sizes = (tensors[3][1:] - tensors[3][:-1]).view(4, 11)
     assert sizes[0].tolist() == [1] * 11 and sizes[2].tolist() == [30] * 11 and sizes[1].max() <= 2
     ref = tbe.reference(task.workload, *tensors)
-    for order in ("tables", "bags"):
+    for order in ("tables", "bags", "even"):
         for cfg in [c for c in task.space if c.as_dict()["order"] == order][::97][:3]:
             torch.testing.assert_close(run(task, cfg, *tensors), ref, rtol=1e-5, atol=1e-5, msg=str(cfg))
     uniform = make_task("batched_embedding_bag", "cpu", **SMALL)
     assert {c.as_dict()["order"] for c in uniform.space} == {"tables"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_cpu_even_runs_pool_every_bag_once_whatever_the_batch_and_bags(dtype):
+    """The 'even' order finds its runs' bounds from the offsets at run time: batches of fewer pairs than runs
+    (most runs empty), runs ending inside a table or on a table's edge, empty bags (the first, the last, whole
+    tables), one bag holding most of the indices: each bag pooled once, as the reference. (A call of no index
+    at all never reaches a kernel: the op's route.)"""
+    task = make_task("batched_embedding_bag", "cpu", rows=(40, 3, 90), dim=16, batch=11, pooling=(0, 30),
+                     table_pooling=((1, 1), (0, 2), (30, 30)), dtype=dtype)
+    rng = np.random.default_rng(0)
+    weight = tbe.inputs(task.workload, seed=1)[0]
+    table_offsets = torch.tensor([0, 40, 43, 133])
+    layouts = {"batch 1": np.array([[1], [0], [30]]), "batch 2": np.array([[1, 0], [2, 2], [0, 30]]),
+               "batch 200": rng.integers(0, 31, size=(3, 200))}
+    empty = rng.integers(0, 4, size=(3, 90))
+    empty[:, 0], empty[:, -1], empty[1] = 0, 0, 0
+    layouts["empty bags and a table of them"] = empty
+    heavy = np.ones((3, 70), dtype=np.int64)
+    heavy[2, 35] = 3000
+    layouts["one bag of most indices"] = heavy
+    configs = [c for c in task.space if c.as_dict()["order"] == "even"][::61][:3]
+    tables = task.space.default()
+    assert configs and tables.as_dict()["order"] == "tables"
+    rtol, atol = tbe.tolerance(task.workload)
+    for name, sizes in layouts.items():
+        indices = torch.from_numpy(np.concatenate([rng.integers(0, r, size=int(n.sum()))
+                                                   for r, n in zip((40, 3, 90), sizes)])).long()
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(sizes.reshape(-1))])).long()
+        tensors = (weight, table_offsets, indices, offsets)
+        want = run(task, tables, *tensors)
+        longer = max(1.0, sizes.max() / task.workload.pooling[1])  # the tolerance is for bags of the workload's
+        torch.testing.assert_close(want, tbe.reference(task.workload, *tensors), rtol=rtol, atol=atol * longer,
+                                   msg=name)
+        for cfg in configs:  # each bag's rows summed in the same order as table by table: the same bits
+            assert torch.equal(run(task, cfg, *tensors), want), f"{name}: {cfg}"
 
 
 def test_cpu_unrolled_pooling_never_reads_past_the_indices():
