@@ -134,7 +134,8 @@ def test_amx_dot_products_are_offered_only_where_bf16_products_are_allowed_and_t
     def intrinsics(device, **fields):
         task = make_task("embedding_interaction", device, **{"rows": (9,) * 26, "dim": 64, "batch": 4,
                                                             "pooling": (1, 1), **fields})
-        return {c.as_dict()["intrinsic"] for c in task.space}
+        assert task.space.paths[0] == "intrinsic"
+        return {path[0] for path in task.space.paths_present()}  # the intrinsics some valid config takes
 
     assert intrinsics("cpu:sapphirerapids", dot_dtype="bfloat16") == {"simd", "amx"}
     assert intrinsics("cpu:sapphirerapids") == {"simd"}  # fp32 products asked for
@@ -143,7 +144,8 @@ def test_amx_dot_products_are_offered_only_where_bf16_products_are_allowed_and_t
     task = make_task("embedding_interaction", "cpu:sapphirerapids", rows=(9,) * 26, dim=64, batch=4, pooling=(1, 1),
                      dot_dtype="bfloat16")
     simd_only = ("lanes", "pairs_per_block", "hsum", "dim_unroll")  # pinned on the AMX path: no duplicate configs
-    amx = {tuple(c.as_dict()[k] for k in simd_only) for c in task.space if c.as_dict()["intrinsic"] == "amx"}
+    amx = {tuple(c.as_dict()[k] for k in simd_only) for path in task.space.paths_present() if path[0] == "amx"
+           for c in task.space.configs_of_path(path)}
     assert len(amx) == 1
     with pytest.raises(WorkloadError, match="dot_dtype"):
         Workload(rows=(9,), dim=8, batch=2, pooling=(1, 1), dot_dtype="float16")
