@@ -6,10 +6,12 @@ tuned once at --tune-batch (resuming from --log-dir), then timed at each of --si
 rounds, each call on a batch it has not seen in that round (a cycle of --fresh batches per size), medians; the
 error column is max |ours - eager| over those batches. `--float32-state` adds a third contender: the int8 model
 with DLRMv2's cross network keeping float32 state (one int8 match per cross layer, as before the bfloat16
-network: search_spaces/qmatmul/graph.py), tuned from the same logs and timed in the same rounds.
+network: search_spaces/qmatmul/graph.py), tuned from the same logs and timed in the same rounds. `--against DIR`
+adds the same model tuned from the logs in DIR (the A/B of a template change in the model: DIR holds the logs
+without the change's records, or of the code before it), timed in the same rounds.
 
     python -m benchmarks.batch_sizes [--model dcn] [--sizes 64 256 1000 2048] [--log-dir logs/local/torchrec]
-                                     [--float32-state]
+                                     [--float32-state] [--against DIR]
 """
 
 from __future__ import annotations
@@ -53,12 +55,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=0.5, help="timing per contender, size and round")
     p.add_argument("--float32-state", action="store_true",
                    help="also time the int8 model whose cross network keeps float32 state (the A/B of bfloat16's)")
+    p.add_argument("--against", metavar="DIR",
+                   help="also time the model tuned from the logs in DIR/<model> (an A/B of two sets of logs)")
     args = p.parse_args(argv)
     if min(*args.sizes, args.tune_batch, args.trials, args.fresh, args.rounds) < 1 or (
             args.max_rows is not None and args.max_rows < 1):
         p.error("--sizes, --tune-batch, --max-rows, --trials, --fresh and --rounds take values >= 1")
     if args.float32_state and args.fp32:
         p.error("--float32-state compares int8 models: it takes no --fp32")
+    if args.against and not os.path.isdir(os.path.join(args.against, args.model)):
+        p.error(f"--against {args.against}: no {os.path.join(args.against, args.model)} (it holds the logs of "
+                "<model>, as --log-dir does)")
     try:
         import torchrec  # noqa: F401  (the models are TorchRec's)
     except ImportError as err:
@@ -73,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     pooling = ex.MODELS[args.model]["pooling"]
     draw = lambda batch, seed: ex.make_batch(rows, pooling, batch, seed)  # noqa: E731
 
-    def tuned() -> Any:
-        return at.tune_model(model, draw(args.tune_batch, 0), log_dir=os.path.join(args.log_dir, args.model),
+    def tuned(log_dir: str = args.log_dir) -> Any:
+        return at.tune_model(model, draw(args.tune_batch, 0), log_dir=os.path.join(log_dir, args.model),
                              trials=args.trials, quantize=not args.fp32,
                              check_inputs=[draw(args.tune_batch, 1 + i) for i in range(2)],
                              test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)])[0]
@@ -82,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = "ours fp32-exact" if args.fp32 else "ours int8"
     # the A/B contender first: the package tune_model leaves in the log directory is then ours'
     state = {"int8, float32 cross state": float32_state(tuned)} if args.float32_state else {}
+    if args.against:
+        state[f"{name}, logs of {args.against}"] = tuned(args.against)
     contenders = {"eager": model, name: tuned(), **state}
     print(f"\nTorchRec {type(model).__name__} tuned at batch {args.tune_batch}; {name} against eager, "
           f"{args.fresh} fresh batches per size, median of {args.rounds} interleaved rounds\n")

@@ -32,3 +32,9 @@ def test_the_float32_state_contender_is_refused_beside_fp32_saying_why(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--fp32", "--float32-state"])
     assert "--float32-state compares int8 models" in capsys.readouterr().err
+
+
+def test_an_against_directory_without_the_models_logs_is_refused_saying_where_it_looked(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--model", "dcn", "--against", str(tmp_path)])
+    assert f"no {tmp_path}/dcn" in capsys.readouterr().err
