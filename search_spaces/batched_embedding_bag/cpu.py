@@ -1,6 +1,6 @@
 """The table-batched embedding bag on the CPU (llvm): (table, bag) pairs spread over cores (in tasks, or in runs
-of equal work), SIMD over the dimension, software prefetch of rows ahead. Its knobs and their constraints are embedding_bag's CPU ones
-(`embedding_bag.cpu`), less the dimension tiles and loop order.
+of equal work), SIMD over the dimension, software prefetch of rows ahead. Its knobs and their constraints are
+embedding_bag's CPU ones (`embedding_bag.cpu`), less the dimension tiles and loop order.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def schedule(sch: Any, w: Workload, cfg: Config) -> None:
     """Parallel over fused (table, bag) pairs in the config's ORDER; SIMD over the accumulator's setting and its
     write-back (the rows' loops, unrolled and in SIMD vectors, are compute's)."""
     vec = cfg[VECTOR]
-    if cfg[ORDER] != "even":  # (the 'even' order's parallel runs are the kernel's own: compute's `chunks`)
+    if cfg[ORDER] != "even":  # (the 'even' order's parallel runs are the kernel's own: compute's `runs`)
         tables, bags = sch.get_loops(sch.get_sblock("bag"))
         if cfg[ORDER] == "bags":
             sch.reorder(bags, tables)
@@ -77,6 +77,6 @@ def lower(w: Workload, cfg: Config, target: Any) -> Any:
     sch = Schedule(compute(w, cfg[PREFETCH], cfg[PREFETCH_LINES], direct=cfg[ACCUMULATOR] == "output",
                            branch=in_scratch(w, cfg),  # (embedding_bag.cpu.checks: the faster check for the loop)
                            unroll=cfg[UNROLL], vector=cfg[VECTOR],
-                           chunks=EVEN_RUNS if cfg[ORDER] == "even" else 0))
+                           runs=EVEN_RUNS if cfg[ORDER] == "even" else 0))
     schedule(sch, w, cfg)
     return sch.mod

@@ -27,7 +27,7 @@ NEG_INF_BITS = -8388608  # 0xff800000: -inf as an int32 bit pattern
 
 
 def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: bool = False, stage: int = 0,
-            branch: bool = False, unroll: int = 1, vector: int = 1, chunks: int = 0) -> Any:
+            branch: bool = False, unroll: int = 1, vector: int = 1, runs: int = 0) -> Any:
     """The table-batched ragged embedding bag as TVMScript.
 
     `prefetch` rows ahead are prefetched (0: none; CPU); `direct` (sum only) accumulates into the output
@@ -40,7 +40,7 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     them. The bag's loop is rounded up to whole steps, the extra rows re-reading the bag's last row (a cache
     hit) and pooling as nothing, so no load sits under a per-row branch: with a guarded unrolled loop nvcc
     keeps one row load in flight per thread (seen in the SASS), with the unguarded stage it overlaps the next
-    rows' loads with the adds. `chunks` > 0 (CPU, local scratch): the pairs run table-major in that many
+    rows' loads with the adds. `runs` > 0 (CPU, local scratch): the pairs run table-major in that many
     parallel runs of equal work (`even_bags`), the loop the schedule would otherwise split into tasks written
     here (its bounds are found at run time).
     """
@@ -49,15 +49,15 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
 
     if direct and w.mode != "sum":
         raise InvalidConfig("accumulating in the output is only possible for mode=sum")
-    if chunks and (direct or stage):
-        raise InvalidConfig("runs of equal work (chunks) pool into a local scratch, on a CPU")
+    if runs and (direct or stage):
+        raise InvalidConfig("runs of equal work pool into a local scratch, on a CPU")
     if w.dim % vector:
         raise InvalidConfig(f"vector {vector} does not divide dim {w.dim}")
     if unroll < 1:
         raise ValueError(f"unroll must be positive, got {unroll}")
     D, NT, idt, mode, U = w.dim, w.tables, w.index_dtype, w.mode, max(stage, 1)
     gpu = stage > 0
-    even = chunks > 0  # table-major pairs cut into `chunks` runs of equal work (indices + bags)
+    even = runs > 0  # table-major pairs cut into `runs` runs of equal work (indices + bags)
     ialign = index_alignment(idt)
     identity = -math.inf if mode == "max" else 0.0
     i64 = "int64"
@@ -302,17 +302,17 @@ def compute(w: Workload, prefetch: int = 0, prefetch_lines: int = 1, direct: boo
     @T.macro
     def even_bags(W, S, TO, I, Off, O, Flag, NB, NNZ, R):
         """CPU: the pairs table-major (the order of the indices, which the prefetch reads ahead in) cut into
-        `chunks` runs of equal work, each an index or a bag; the runs spread over the cores."""
-        for c in T.parallel(chunks):
-            with T.sblock("chunk"):
-                vc = T.axis.spatial(chunks, c)
+        `runs` runs of equal work, each an index or a bag; the runs spread over the cores."""
+        for c in T.parallel(runs):
+            with T.sblock("run"):
+                vc = T.axis.spatial(runs, c)
                 T.reads(Off[0:NT * NB + 1], TO[0:NT + 1], I[0:NNZ], W[0:R, 0:WD])
                 T.writes(O[0:NB, 0:NT * D])
                 first = T.sblock_alloc_buffer((2,), "int64", scope="local")
                 end = T.sblock_alloc_buffer((2,), "int64", scope="local")
                 A = T.sblock_alloc_buffer((AW,), "float32", scope=SCRATCH_SCOPE)
-                first_pair(Off, first, vc * (NNZ + NT * NB) // chunks, NB)
-                first_pair(Off, end, (vc + 1) * (NNZ + NT * NB) // chunks, NB)
+                first_pair(Off, first, vc * (NNZ + NT * NB) // runs, NB)
+                first_pair(Off, end, (vc + 1) * (NNZ + NT * NB) // runs, NB)
                 for p in T.serial(first[0], end[0]):
                     with T.sblock("bag"):
                         vp = T.axis.opaque(NT * NB, p)
