@@ -87,11 +87,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                              test_inputs=[draw(args.tune_batch, 500 + i) for i in range(2)])[0]
 
     name = "ours fp32-exact" if args.fp32 else "ours int8"
-    # the A/B contender first: the package tune_model leaves in the log directory is then ours'
-    state = {"int8, float32 cross state": float32_state(tuned)} if args.float32_state else {}
+    # the A/B contenders first: the package tune_model leaves in --log-dir is then ours'
+    ab = {"int8, float32 cross state": float32_state(tuned)} if args.float32_state else {}
     if args.against:
-        state[f"{name}, logs of {args.against}"] = tuned(args.against)
-    contenders = {"eager": model, name: tuned(), **state}
+        ab[f"{name}, logs of {args.against}"] = tuned(args.against)
+    contenders = {"eager": model, name: tuned(), **ab}
     print(f"\nTorchRec {type(model).__name__} tuned at batch {args.tune_batch}; {name} against eager, "
           f"{args.fresh} fresh batches per size, median of {args.rounds} interleaved rounds\n")
     others = [c for c in contenders if c != "eager"]
